@@ -1,0 +1,75 @@
+"""Frozen result types passed between pipeline stages (layer L0)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ClusteringResult:
+    """Output of `clustering.cluster_features`.
+
+    Attributes:
+        labels (`np.ndarray` of shape `[n_examples]`, int64): cluster of every example after the noise policy,
+            in `0..n_clusters-1` (no -1 left).
+        raw_labels (`np.ndarray` of shape `[n_examples]`, int64): the clusterer's own labels, -1 = HDBSCAN noise.
+        reduced (`np.ndarray` of shape `[n_examples, reduced_dim]`, float32): the L2-normalised, PCA-reduced
+            features the clusterer saw (used for centroid distances in selection).
+        n_clusters (`int`): number of distinct values in `labels`.
+        method (`str`): the clusterer that produced `labels` (`"hdbscan"`, `"kmeans"`, ...).
+        fallback (`str` or `None`): why and how a degenerate result was repaired (e.g. all noise → one cluster),
+            `None` when the clusterer's result was used as is.
+        params (`dict`): the resolved parameters (min_cluster_size, min_samples, pca_dim, ...).
+    """
+
+    labels: np.ndarray
+    raw_labels: np.ndarray
+    reduced: np.ndarray
+    n_clusters: int
+    method: str
+    fallback: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_noise(self) -> int:
+        """Number of examples the clusterer labelled noise (-1)."""
+        return int((self.raw_labels == -1).sum())
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Output of `selection.select_subset`.
+
+    Attributes:
+        indices (`np.ndarray` of shape `[n_kept]`, int64): kept dataset indices, sorted ascending, unique.
+        weights (`np.ndarray` of shape `[n_kept]`, float64): per-example weights `|C_c| / kept_c`; they sum to
+            `n_total` so that the weighted kept set stands for the full data.
+        labels (`np.ndarray` of shape `[n_kept]`, int64): cluster of each kept example.
+        n_total (`int`): number of examples selection chose from.
+    """
+
+    indices: np.ndarray
+    weights: np.ndarray
+    labels: np.ndarray
+    n_total: int
+
+    @property
+    def n_kept(self) -> int:
+        """Number of kept examples."""
+        return int(self.indices.shape[0])
+
+    @property
+    def fraction(self) -> float:
+        """Kept examples / all examples, in (0, 1]."""
+        return self.n_kept / self.n_total if self.n_total else 0.0
+
+    def loss_weights(self) -> np.ndarray:
+        """Weights rescaled to mean 1 over the kept set (`weights · n_kept / n_total`), shape `[n_kept]`.
+
+        These multiply the per-example loss during training: the optimizer sees the same loss scale as with
+        unweighted data (so the learning rate keeps its meaning) while the kept set keeps the full-data mixture.
+        """
+        return self.weights * (self.n_kept / self.n_total)

@@ -1,0 +1,225 @@
+"""Configuration of cluster-based data selection (layer L0: imports nothing from the package)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+FEATURES = ("last_layer_grad",)
+CLUSTER_METHODS = ("hdbscan", "kmeans")
+NOISE_POLICIES = ("assign", "own_cluster")
+WITHIN_CLUSTER = ("peripheral", "central", "random")
+QUOTAS = ("proportional", "uniform")
+ALLOCATIONS = ("balanced", "paper")
+
+
+def _choices(values: tuple[str, ...]) -> list[str]:
+    return list(values)
+
+
+@dataclass
+class ClusterSelectConfig:
+    """Settings of ClusterTrainer's warm-up → features → clustering → selection → allocation pipeline.
+
+    Every field can be parsed from the command line with
+    `HfArgumentParser((TrainingArguments, ClusterSelectConfig))`.
+
+    The defaults are this project's own recipe (HDBSCAN on PCA-reduced last-layer gradient proxies, noise points
+    assigned to their most probable cluster, exact budget, token-balanced allocation). `ClusterSelectConfig.paper()`
+    returns CluSTER's published recipe (Kim et al., EMNLP 2026) for comparison.
+
+    Raises:
+        ValueError: from `__post_init__`, naming the field and the value it got, for any out-of-range setting.
+    """
+
+    data_fraction: float = field(
+        default=0.3, metadata={"help": "Share of training examples to keep after selection, in (0, 1]."}
+    )
+    warmup_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "Optimizer steps on the full data before selection; None = the LR warm-up steps of "
+            "TrainingArguments; 0 = select before training."
+        },
+    )
+    feature: str = field(
+        default="last_layer_grad",
+        metadata={"help": "Per-example learning-effect signal.", "choices": _choices(FEATURES)},
+    )
+    projection_dim: int | None = field(
+        default=None,
+        metadata={"help": "Random-projection dimension of the features; None keeps the model's hidden size."},
+    )
+    feature_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "Examples per forward pass during feature extraction; None = per-device eval batch size."},
+    )
+    cluster_method: str = field(
+        default="hdbscan",
+        metadata={"help": "Clustering algorithm.", "choices": _choices(CLUSTER_METHODS)},
+    )
+    hdbscan_min_cluster_size: int | None = field(
+        default=None,
+        metadata={"help": "HDBSCAN min_cluster_size (>= 2); None = clamp(round(sqrt(n) / 2.5), 5, 100)."},
+    )
+    hdbscan_min_samples: int | None = field(
+        default=None, metadata={"help": "HDBSCAN min_samples (>= 1); None = 1 (least noise, measured best)."}
+    )
+    pca_dim: int | None = field(
+        default=16,
+        metadata={"help": "Dimension the L2-normalised features are reduced to by PCA before clustering; None = none."},
+    )
+    noise_policy: str = field(
+        default="assign",
+        metadata={
+            "help": "What happens to HDBSCAN noise points (label -1): 'assign' = most probable cluster by "
+            "membership vectors; 'own_cluster' = noise forms one extra group.",
+            "choices": _choices(NOISE_POLICIES),
+        },
+    )
+    kmeans_n_clusters: int | None = field(
+        default=None,
+        metadata={"help": "K for cluster_method='kmeans'; None = the world size (CluSTER's choice), at least 2."},
+    )
+    kmeans_size_cap: float | None = field(
+        default=None,
+        metadata={"help": "Cap on KMeans cluster sizes as a multiple of n/K (CluSTER: 1.5); None = no cap."},
+    )
+    within_cluster: str = field(
+        default="peripheral",
+        metadata={
+            "help": "Which members represent a cluster: farthest from ('peripheral'), nearest to ('central') the "
+            "centroid, or 'random'.",
+            "choices": _choices(WITHIN_CLUSTER),
+        },
+    )
+    quota: str = field(
+        default="proportional",
+        metadata={
+            "help": "How the budget is split across clusters: in proportion to size, or the same count each.",
+            "choices": _choices(QUOTAS),
+        },
+    )
+    balance_tokens: bool = field(
+        default=True,
+        metadata={"help": "Compose each optimizer micro-step so that ranks get equal padded token counts."},
+    )
+    allocation: str = field(
+        default="balanced",
+        metadata={
+            "help": "'balanced' = every micro-step mixes clusters in proportion and balances tokens; 'paper' = "
+            "CluSTER's one cluster per rank.",
+            "choices": _choices(ALLOCATIONS),
+        },
+    )
+    balance_window: int = field(
+        default=8,
+        metadata={"help": "Number of optimizer micro-steps whose examples are re-composed together by length."},
+    )
+    seed: int = field(default=42, metadata={"help": "Seed of selection and batch order."})
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data_fraction, bool) or not isinstance(self.data_fraction, (int, float)):
+            raise TypeError(f"`data_fraction` must be a float in (0, 1], got {self.data_fraction!r}.")
+        self.data_fraction = float(self.data_fraction)
+        if not (0.0 < self.data_fraction <= 1.0) or math.isnan(self.data_fraction):
+            raise ValueError(f"`data_fraction` must be in (0, 1], got {self.data_fraction}.")
+        for name, minimum in (
+            ("warmup_steps", 0),
+            ("projection_dim", 1),
+            ("feature_batch_size", 1),
+            ("hdbscan_min_cluster_size", 2),
+            ("hdbscan_min_samples", 1),
+            ("pca_dim", 1),
+            ("kmeans_n_clusters", 2),
+        ):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"`{name}` must be an int or None, got {value!r}.")
+            if value < minimum:
+                raise ValueError(f"`{name}` must be >= {minimum} or None, got {value}.")
+        if isinstance(self.balance_window, bool) or not isinstance(self.balance_window, int) or self.balance_window < 1:
+            raise ValueError(f"`balance_window` must be an int >= 1, got {self.balance_window!r}.")
+        if self.kmeans_size_cap is not None and not (float(self.kmeans_size_cap) >= 1.0):
+            raise ValueError(f"`kmeans_size_cap` must be >= 1.0 or None, got {self.kmeans_size_cap}.")
+        for name, allowed in (
+            ("feature", FEATURES),
+            ("cluster_method", CLUSTER_METHODS),
+            ("noise_policy", NOISE_POLICIES),
+            ("within_cluster", WITHIN_CLUSTER),
+            ("quota", QUOTAS),
+            ("allocation", ALLOCATIONS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"`{name}` must be one of {list(allowed)}, got {getattr(self, name)!r}.")
+        if not isinstance(self.balance_tokens, bool):
+            raise TypeError(f"`balance_tokens` must be a bool, got {self.balance_tokens!r}.")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise TypeError(f"`seed` must be an int, got {self.seed!r}.")
+
+    @classmethod
+    def paper(cls, **overrides: Any) -> "ClusterSelectConfig":
+        """CluSTER's published recipe (Kim et al., EMNLP 2026, Sec. 3): KMeans with K = world size and sizes capped
+        at 1.5·N/K, the same count per cluster, peripheral members, one cluster per rank, selection before training.
+
+        Args:
+            **overrides: any field to change from the preset (e.g. `data_fraction=0.31`).
+        Returns:
+            `ClusterSelectConfig` with the preset applied.
+        """
+        values: dict[str, Any] = dict(
+            warmup_steps=0,
+            cluster_method="kmeans",
+            kmeans_size_cap=1.5,
+            pca_dim=None,
+            quota="uniform",
+            within_cluster="peripheral",
+            allocation="paper",
+            balance_tokens=False,
+        )
+        values.update(overrides)
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON dictionary of every field."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "ClusterSelectConfig":
+        """Inverse of `to_dict`.
+
+        Raises:
+            ValueError: if `values` holds a key that is not a field of this class.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ValueError(f"`values` has keys that are not ClusterSelectConfig fields: {unknown}.")
+        return cls(**values)
+
+    def to_json(self) -> str:
+        """JSON text of `to_dict()`."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ClusterSelectConfig":
+        """Inverse of `to_json`."""
+        return cls.from_dict(json.loads(text))
+
+    def resolved_min_cluster_size(self, n_examples: int) -> int:
+        """HDBSCAN `min_cluster_size` for `n_examples` points: the field, or clamp(round(sqrt(n) / 2.5), 5, 100),
+        never more than `n_examples` and never below 2."""
+        if self.hdbscan_min_cluster_size is not None:
+            size = self.hdbscan_min_cluster_size
+        else:
+            size = min(100, max(5, round(math.sqrt(n_examples) / 2.5)))
+        return max(2, min(size, n_examples))
+
+    def resolved_min_samples(self) -> int:
+        """HDBSCAN `min_samples`: the field, or 1."""
+        return 1 if self.hdbscan_min_samples is None else self.hdbscan_min_samples
