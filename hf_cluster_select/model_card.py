@@ -1,0 +1,251 @@
+"""Model card section describing a selection (layer L2: imports only huggingface_hub and the standard library).
+
+The section sits between two HTML comment markers so that a later write replaces it instead of adding a copy, and
+so that a card written before ours (by `Trainer.create_model_card`, TRL or PEFT) keeps everything else it says.
+Works offline: `ModelCard.from_template` renders locally; nothing here validates or pushes a card.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+START_MARKER = "<!-- hf_cluster_select:start -->"
+END_MARKER = "<!-- hf_cluster_select:end -->"
+HEADING = "## Data selection (hf_cluster_select)"
+NOT_MEASURED = "not measured"
+MAX_CLUSTER_ROWS = 100
+CITATION = (
+    "Selection follows CluSTER (Kim, Nam, Han, Choi, Lee; EMNLP 2026; "
+    "[arXiv:2609.12584](https://arxiv.org/abs/2609.12584)), extended with HDBSCAN clusters, an exact budget, "
+    "per-example weights and token-balanced batches."
+)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+_TEMPLATE = """---
+{{ card_data }}
+---
+
+# {{ model_name }}
+
+This model was fine-tuned {{ source }}{{ dataset }}, with hf_cluster_select choosing the training examples.
+
+{{ selection_section }}
+"""
+
+
+def _values(report: Any) -> Mapping[str, Any]:
+    return report if isinstance(report, Mapping) else report.to_dict()
+
+
+def _count(value: Any) -> str:
+    return NOT_MEASURED if value is None else f"{int(value):,}"
+
+
+def _percent(value: Any) -> str:
+    return NOT_MEASURED if value is None else f"{100.0 * float(value):.1f}%"
+
+
+def _ratio(part: Any, whole: Any, fraction: Any) -> str:
+    if part is None or whole is None:
+        return NOT_MEASURED
+    return f"{int(part):,} / {int(whole):,} ({_percent(fraction)})"
+
+
+def _seconds(value: Any) -> str:
+    """`1,234.5 s (20 min 34 s)`; `not measured` for None."""
+    if value is None:
+        return NOT_MEASURED
+    value = float(value)
+    text = f"{value:,.1f} s"
+    whole = int(round(abs(value)))
+    if whole >= 3600:
+        text += f" ({whole // 3600} h {whole % 3600 // 60:02d} min)"
+    elif whole >= 60:
+        text += f" ({whole // 60} min {whole % 60:02d} s)"
+    return text
+
+
+def _steps(value: Any) -> str:
+    return "" if value is None else f", {int(value):,} optimizer steps"
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def looks_like_hub_id(name: str | None) -> bool:
+    """True when `name` has the Hub's `owner/name` shape and is not a path (absolute, relative, `~`, or existing).
+
+    Args:
+        name (`str` or `None`): a model or dataset reference.
+    """
+    if not name or not isinstance(name, str) or name.startswith(("/", ".", "~")) or ".." in name:
+        return False
+    return bool(_HUB_ID.match(name)) and not os.path.exists(name)
+
+
+def selection_card_section(report: Any, *, plot_filename: str | None = None) -> str:
+    """Markdown section of the card: what was kept, what every stage cost, and what it saved.
+
+    Args:
+        report (`SelectionReport` or its `to_dict()`): the measured record of the selection.
+        plot_filename (`str`, *optional*): the cluster-size plot, relative to the card's folder.
+    Returns:
+        `str`: the section, from `START_MARKER` to `END_MARKER` inclusive. Numbers are formatted as
+        `2,306 / 7,688 (30.0%)`, `12.3 s`; values never measured read `not measured`.
+    """
+    r = _values(report)
+    token_kind = "loss-bearing tokens (label ≠ -100)" if r.get("token_kind", "loss") == "loss" else "input tokens"
+    world, per_device, accum = (r.get(k) for k in ("world_size", "per_device_train_batch_size",
+                                                    "gradient_accumulation_steps"))
+    geometry = f"{world} rank(s) × {per_device} examples per device × {accum} accumulation step(s)"
+    if None not in (world, per_device, accum):
+        geometry += f" = {int(world) * int(per_device) * int(accum):,} examples per optimizer step"
+    fallback = r.get("fallback")
+    basis = r.get("full_data_seconds_basis") or NOT_MEASURED
+    saved = r.get("seconds_saved")
+    saved_text = NOT_MEASURED if saved is None else (
+        f"{_seconds(saved)}; {_percent(r.get('fraction_saved'))} of the full-data time"
+    )
+    rows = [
+        ("Examples kept", _ratio(r.get("n_kept"), r.get("n_examples"), r.get("fraction_kept")),
+         "kept training examples / all training examples"),
+        ("Tokens kept", _ratio(r.get("tokens_kept"), r.get("tokens_total"), r.get("fraction_tokens_kept")),
+         f"{token_kind} in kept examples / in all examples"),
+        ("Clusters", _count(r.get("n_clusters")), "groups examples were assigned to after the noise policy"),
+        ("Noise points", _count(r.get("n_noise")), "examples the clusterer labelled -1 before assignment"),
+        ("Clustering method", r.get("clustering_method") or NOT_MEASURED,
+         f"fallback: {fallback}" if fallback else "no fallback: the clusterer's result was used as is"),
+        ("Batch geometry", geometry, "data-parallel ranks and per-step batch of the training run"),
+        ("Warm-up training", _seconds(r.get("warmup_seconds")) + _steps(r.get("warmup_steps")),
+         "wall-clock time training on the full data before selection"),
+        ("Feature extraction", _seconds(r.get("features_seconds")), "wall-clock time computing per-example features"),
+        ("Clustering", _seconds(r.get("clustering_seconds")), "wall-clock time reducing and clustering features"),
+        ("Selection, total", _seconds(r.get("selection_seconds")),
+         "wall-clock time of features + clustering + choosing examples"),
+        ("Training on the selection", _seconds(r.get("training_seconds")) + _steps(r.get("selected_steps")),
+         "wall-clock time training after selection"),
+        ("Total with selection", _seconds(r.get("total_seconds")), "warm-up + selection + training"),
+        ("Full-data training time", _seconds(r.get("full_data_seconds")) + _steps(r.get("full_data_steps")),
+         basis),
+        ("Time saved", saved_text,
+         "full-data training time − total with selection (negative: selection cost more than it saved)"),
+    ]
+    lines = [START_MARKER, HEADING, "",
+             "Training examples were chosen by clustering per-example learning-effect features and keeping a "
+             "weighted subset of every cluster. Every figure below was measured on this run unless it says otherwise.",
+             "", "| Quantity | Value | What it measured |", "|---|---|---|"]
+    lines += [f"| {_cell(a)} | {_cell(b)} | {_cell(c)} |" for a, b, c in rows]
+    sizes, kept = list(r.get("cluster_sizes") or []), list(r.get("kept_per_cluster") or [])
+    if sizes and len(kept) == len(sizes):
+        lines += ["", "### Examples per cluster (full data → kept)", "",
+                  "| Cluster | Full data | Kept | Kept share |", "|---:|---:|---:|---:|"]
+        for cluster, (size, k) in enumerate(zip(sizes[:MAX_CLUSTER_ROWS], kept)):
+            lines.append(f"| {cluster} | {int(size):,} | {int(k):,} | {_percent(k / size if size else 0.0)} |")
+        if len(sizes) > MAX_CLUSTER_ROWS:
+            lines.append(f"\n{len(sizes) - MAX_CLUSTER_ROWS:,} more clusters are listed in the selection report JSON.")
+    if plot_filename:
+        lines += ["", f"![Examples per cluster, full data and kept]({plot_filename.replace(os.sep, '/')})"]
+    lines += ["", "### Configuration", "", "```json", json.dumps(r.get("config") or {}, indent=2, sort_keys=True,
+                                                                default=str), "```"]
+    if r.get("clustering_params"):
+        lines += ["", "Resolved clustering parameters:", "", "```json",
+                  json.dumps(r["clustering_params"], indent=2, sort_keys=True, default=str), "```"]
+    lines += ["", CITATION, END_MARKER]
+    return "\n".join(lines)
+
+
+def replace_section(content: str, section: str) -> str:
+    """`content` with its marked section replaced by `section`, or with `section` appended when it has none.
+
+    A start marker without an end marker is taken to run to the end of `content`.
+    """
+    start = content.find(START_MARKER)
+    if start < 0:
+        return content.rstrip("\n") + "\n\n" + section + "\n"
+    end = content.find(END_MARKER, start)
+    tail = "" if end < 0 else content[end + len(END_MARKER):]
+    return content[:start] + section + (tail if tail else "\n")
+
+
+def _atomic_write(path: str, text: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def write_model_card(
+    output_dir: str | os.PathLike,
+    report: Any,
+    *,
+    base_model: str | None = None,
+    dataset_name: str | None = None,
+    plot_filename: str | None = None,
+) -> str:
+    """Write or update `output_dir/README.md` with the selection section. Call it on the main process only.
+
+    An existing README (from `Trainer.create_model_card`, TRL or PEFT) keeps all its content; our marked section is
+    replaced if present, else appended. Otherwise a new card is rendered with `huggingface_hub.ModelCard.from_template`
+    (`library_name: transformers`, tags `hf_cluster_select` and `data-selection`).
+
+    Args:
+        output_dir (`str` or `os.PathLike`): the folder the model was saved to; created if missing.
+        report (`SelectionReport` or its `to_dict()`): the measured record of the selection.
+        base_model (`str`, *optional*): the model fine-tuned from. Written as `base_model` metadata only when it
+            looks like a Hub id (`owner/name`, not a local path); a local path is never written to the card.
+        dataset_name (`str`, *optional*): name of the training data; a Hub id also goes into the `datasets` metadata.
+        plot_filename (`str`, *optional*): the cluster-size PNG; a path inside `output_dir` is linked relative to it.
+    Returns:
+        `str`: path of the README written.
+    """
+    output_dir = os.fspath(output_dir)
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, "README.md")
+    if plot_filename:
+        plot_filename = os.fspath(plot_filename)
+        if os.path.isabs(plot_filename):
+            relative = os.path.relpath(plot_filename, os.path.abspath(output_dir))
+            plot_filename = os.path.basename(plot_filename) if relative.startswith("..") else relative
+    section = selection_card_section(report, plot_filename=plot_filename)
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as handle:
+            text = replace_section(handle.read(), section)
+    else:
+        from huggingface_hub import ModelCard, ModelCardData
+
+        hub_model = base_model if looks_like_hub_id(base_model) else None
+        hub_dataset = dataset_name if looks_like_hub_id(dataset_name) else None
+        data = ModelCardData(
+            library_name="transformers", tags=["hf_cluster_select", "data-selection"], base_model=hub_model,
+            datasets=[hub_dataset] if hub_dataset else None,
+        )
+        if hub_model:
+            source = f"from [{hub_model}](https://huggingface.co/{hub_model})"
+        else:
+            source = "from a local model" if base_model else "from a base model"
+        dataset = ""
+        if hub_dataset:
+            dataset = f" on [{hub_dataset}](https://huggingface.co/datasets/{hub_dataset})"
+        elif dataset_name and not os.path.exists(dataset_name) and not dataset_name.startswith(("/", ".", "~")):
+            dataset = f" on {dataset_name}"
+        card = ModelCard.from_template(
+            data, template_str=_TEMPLATE, model_name=os.path.basename(os.path.abspath(output_dir)),
+            source=source, dataset=dataset, selection_section=section,
+        )
+        text = str(card).rstrip("\n") + "\n"
+    _atomic_write(path, text)
+    return path

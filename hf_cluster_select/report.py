@@ -1,0 +1,317 @@
+"""The measured record of one data selection (layer L2: imports only config/_types, numpy and the standard library).
+
+`SelectionReport` holds what the caller measured — counts, per-example assignments, timings, step counts — and the
+comparison against full-data training computed by `estimate_savings`. It round-trips through JSON and is the one
+source the model card section (`model_card.py`) and the plots (`plots.py`) are drawn from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._types import ClusteringResult, Selection
+from .config import ClusterSelectConfig
+
+TOKEN_KINDS = ("loss", "input")
+MEASURED = "measured"
+_FLOAT_FIELDS = (
+    "warmup_seconds", "features_seconds", "clustering_seconds", "selection_seconds", "training_seconds",
+    "total_seconds", "full_data_seconds", "seconds_saved", "fraction_saved", "fraction_kept", "fraction_tokens_kept",
+)
+_METRIC_FIELDS = (
+    "n_examples", "n_kept", "fraction_kept", "tokens_total", "tokens_kept", "fraction_tokens_kept", "n_clusters",
+    "n_noise", "warmup_steps", "selected_steps", "full_data_steps", "warmup_seconds", "features_seconds",
+    "clustering_seconds", "selection_seconds", "training_seconds", "total_seconds", "full_data_seconds",
+    "seconds_saved", "fraction_saved",
+)
+
+
+def _plain(value: Any) -> Any:
+    """Numpy scalars/arrays (also nested in lists/dicts) → plain Python, so that the report is JSON as-is."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def estimate_savings(
+    *,
+    warmup_seconds: float,
+    warmup_steps: int,
+    selected_steps: int,
+    full_data_steps: int,
+    selection_seconds: float,
+    training_seconds: float,
+    measured_full_seconds: float | None = None,
+) -> dict[str, Any]:
+    """Wall-clock time saved by selection against full-data training with the same recipe.
+
+    The full-data time is `measured_full_seconds` when the caller ran it, otherwise it is estimated from measured
+    throughput: seconds per optimizer step on the full data (warm-up seconds / warm-up steps; when there was no
+    warm-up, post-selection training seconds / selected steps) × the number of steps full-data training would take.
+
+    Args:
+        warmup_seconds (`float`): measured wall-clock seconds of the warm-up steps on the full data (0 if none).
+        warmup_steps (`int`): optimizer steps of the warm-up.
+        selected_steps (`int`): optimizer steps of training on the selected subset.
+        full_data_steps (`int`): optimizer steps the same recipe (epochs, batch geometry) takes on the full data.
+        selection_seconds (`float`): measured seconds of feature extraction + clustering + choosing.
+        training_seconds (`float`): measured seconds of post-selection training.
+        measured_full_seconds (`float`, *optional*): measured seconds of a full-data run, if one was made.
+    Returns:
+        `dict` with `seconds_per_step` (`float` or `None`), `full_data_seconds`, `full_data_seconds_basis` (`"measured"`
+        or `"estimated from measured warm-up throughput (X s/step × N full-data steps)"`), `our_seconds`
+        (warm-up + selection + training), `seconds_saved` (full − ours; negative when selection cost more than it
+        saved) and `fraction_saved` (saved / full).
+    Raises:
+        ValueError: if an argument is negative or not finite, or no full-data time can be measured or estimated.
+    """
+    numbers = dict(
+        warmup_seconds=warmup_seconds, warmup_steps=warmup_steps, selected_steps=selected_steps,
+        full_data_steps=full_data_steps, selection_seconds=selection_seconds, training_seconds=training_seconds,
+    )
+    if measured_full_seconds is not None:
+        numbers["measured_full_seconds"] = measured_full_seconds
+    for name, value in numbers.items():
+        if value is None or not math.isfinite(float(value)) or float(value) < 0:
+            raise ValueError(f"`{name}` must be a finite number >= 0, got {value!r}.")
+    seconds_per_step: float | None = None
+    source = ""
+    if warmup_steps > 0:
+        seconds_per_step, source = warmup_seconds / warmup_steps, "warm-up"
+    elif selected_steps > 0:
+        seconds_per_step, source = training_seconds / selected_steps, "post-selection training"
+    if measured_full_seconds is not None:
+        full, basis = float(measured_full_seconds), MEASURED
+    elif seconds_per_step is not None:
+        full = seconds_per_step * full_data_steps
+        basis = (
+            f"estimated from measured {source} throughput "
+            f"({seconds_per_step:.4g} s/step × {int(full_data_steps):,} full-data steps)"
+        )
+    else:
+        raise ValueError("Cannot estimate the full-data time: `warmup_steps` and `selected_steps` are both 0.")
+    if full <= 0:
+        raise ValueError(f"The full-data time must be > 0 seconds, got {full} ({basis}).")
+    ours = float(warmup_seconds) + float(selection_seconds) + float(training_seconds)
+    saved = full - ours
+    return dict(
+        seconds_per_step=seconds_per_step, full_data_seconds=full, full_data_seconds_basis=basis,
+        our_seconds=ours, seconds_saved=saved, fraction_saved=saved / full,
+    )
+
+
+@dataclass
+class SelectionReport:
+    """What one selection did and cost, as measured by the caller. Every field is plain JSON.
+
+    Attributes:
+        n_examples (`int`): examples in the full training set. n_kept (`int`): examples kept.
+        fraction_kept (`float`, 0–1): n_kept / n_examples; computed when left `None`.
+        tokens_total, tokens_kept (`int` or `None`): tokens of kind `token_kind` in all / kept examples.
+        fraction_tokens_kept (`float`, 0–1, or `None`): tokens_kept / tokens_total; computed when left `None`.
+        token_kind (`str`): `"loss"` = loss-bearing tokens (labels ≠ -100), `"input"` = all input tokens.
+        n_clusters (`int`): clusters after the noise policy. n_noise (`int`): raw HDBSCAN noise (-1) count.
+        cluster_sizes (`list[int]` of length `n_clusters`): full-data size of each cluster.
+        kept_per_cluster (`list[int]` of length `n_clusters`): kept examples of each cluster.
+        clustering_method (`str`), fallback (`str` or `None`), clustering_params (`dict`): as in `ClusteringResult`.
+        config (`dict`): `ClusterSelectConfig.to_dict()`.
+        world_size, per_device_train_batch_size, gradient_accumulation_steps (`int`): the batch geometry.
+        labels (`list[int]` of length `n_examples`): assigned cluster per example. raw_labels: clusterer's own
+            label per example (-1 = noise). kept_indices (`list[int]`, sorted): kept dataset indices.
+        weights (`list[float]` of length `n_kept`): per-example weights, summing to `n_examples`.
+        warmup_seconds, features_seconds, clustering_seconds, selection_seconds (features + clustering + choosing),
+            training_seconds (post-selection), total_seconds (`float` seconds or `None` = not measured yet).
+        warmup_steps, selected_steps, full_data_steps (`int` optimizer steps or `None`).
+        full_data_seconds (`float` seconds or `None`) and full_data_seconds_basis (`str` or `None`): the full-data
+            time compared against and whether it was measured or estimated (see `estimate_savings`).
+        seconds_saved (`float` seconds), fraction_saved (`float`, share of full_data_seconds), or `None`.
+    """
+
+    n_examples: int
+    n_kept: int
+    fraction_kept: float | None = None
+    tokens_total: int | None = None
+    tokens_kept: int | None = None
+    fraction_tokens_kept: float | None = None
+    token_kind: str = "loss"
+    n_clusters: int = 0
+    n_noise: int = 0
+    cluster_sizes: list[int] = field(default_factory=list)
+    kept_per_cluster: list[int] = field(default_factory=list)
+    clustering_method: str = ""
+    fallback: str | None = None
+    clustering_params: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    world_size: int = 1
+    per_device_train_batch_size: int = 1
+    gradient_accumulation_steps: int = 1
+    labels: list[int] = field(default_factory=list)
+    raw_labels: list[int] = field(default_factory=list)
+    kept_indices: list[int] = field(default_factory=list)
+    weights: list[float] = field(default_factory=list)
+    warmup_seconds: float | None = None
+    features_seconds: float | None = None
+    clustering_seconds: float | None = None
+    selection_seconds: float | None = None
+    training_seconds: float | None = None
+    total_seconds: float | None = None
+    warmup_steps: int | None = None
+    selected_steps: int | None = None
+    full_data_steps: int | None = None
+    full_data_seconds: float | None = None
+    full_data_seconds_basis: str | None = None
+    seconds_saved: float | None = None
+    fraction_saved: float | None = None
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, _plain(getattr(self, f.name)))
+        if self.n_examples < 0 or not 0 <= self.n_kept <= max(self.n_examples, 0):
+            raise ValueError(f"`n_kept` must be in [0, n_examples={self.n_examples}], got {self.n_kept}.")
+        if self.fraction_kept is None:
+            self.fraction_kept = self.n_kept / self.n_examples if self.n_examples else 0.0
+        if self.fraction_tokens_kept is None and self.tokens_total and self.tokens_kept is not None:
+            self.fraction_tokens_kept = self.tokens_kept / self.tokens_total
+        if self.token_kind not in TOKEN_KINDS:
+            raise ValueError(f"`token_kind` must be one of {list(TOKEN_KINDS)}, got {self.token_kind!r}.")
+        for name in _FLOAT_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                if not math.isfinite(float(value)):
+                    raise ValueError(f"`{name}` must be finite or None, got {value!r}.")
+                setattr(self, name, float(value))
+        for name, length in (("labels", self.n_examples), ("raw_labels", self.n_examples),
+                             ("kept_indices", self.n_kept), ("weights", self.n_kept)):
+            if getattr(self, name) and len(getattr(self, name)) != length:
+                raise ValueError(f"`{name}` must be empty or have length {length}, got {len(getattr(self, name))}.")
+        for name in ("cluster_sizes", "kept_per_cluster"):
+            if getattr(self, name) and len(getattr(self, name)) != self.n_clusters:
+                raise ValueError(f"`{name}` must be empty or have length n_clusters={self.n_clusters}, "
+                                 f"got {len(getattr(self, name))}.")
+
+    @classmethod
+    def from_results(
+        cls, clustering: ClusteringResult, selection: Selection, config: ClusterSelectConfig, **fields: Any
+    ) -> "SelectionReport":
+        """Report of a clustering and a selection; every other field (tokens, timings, steps, geometry) from `fields`.
+
+        Args:
+            clustering (`ClusteringResult`): labels `[n_examples]` and raw labels of the full data.
+            selection (`Selection`): kept indices and weights `[n_kept]`.
+            config (`ClusterSelectConfig`): the configuration that produced them.
+            **fields: any other `SelectionReport` field.
+        """
+        labels = np.asarray(clustering.labels, dtype=np.int64)
+        n_clusters = int(clustering.n_clusters)
+        return cls(
+            n_examples=int(labels.shape[0]), n_kept=selection.n_kept, n_clusters=n_clusters,
+            n_noise=clustering.n_noise,
+            cluster_sizes=np.bincount(labels, minlength=n_clusters).tolist(),
+            kept_per_cluster=np.bincount(np.asarray(selection.labels, dtype=np.int64), minlength=n_clusters).tolist(),
+            clustering_method=clustering.method, fallback=clustering.fallback,
+            clustering_params=dict(clustering.params), config=config.to_dict(),
+            labels=labels, raw_labels=np.asarray(clustering.raw_labels), kept_indices=np.asarray(selection.indices),
+            weights=np.asarray(selection.weights, dtype=np.float64), **fields,
+        )
+
+    def apply_savings(self, measured_full_seconds: float | None = None) -> dict[str, Any]:
+        """Fill `full_data_seconds`, its basis, `seconds_saved`, `fraction_saved` (and `total_seconds` when unset)
+        from this report's timings and steps with `estimate_savings`; missing warm-up time/steps count as 0.
+
+        Raises:
+            ValueError: if `selection_seconds`, `training_seconds`, `selected_steps` or `full_data_steps` is None,
+                or `warmup_steps` > 0 with `warmup_seconds` None.
+        """
+        for name in ("selection_seconds", "training_seconds", "selected_steps", "full_data_steps"):
+            if getattr(self, name) is None:
+                raise ValueError(f"`{name}` must be measured before savings can be computed.")
+        if self.warmup_steps and self.warmup_seconds is None:
+            raise ValueError("`warmup_seconds` must be measured when `warmup_steps` > 0.")
+        out = estimate_savings(
+            warmup_seconds=self.warmup_seconds or 0.0, warmup_steps=self.warmup_steps or 0,
+            selected_steps=self.selected_steps, full_data_steps=self.full_data_steps,
+            selection_seconds=self.selection_seconds, training_seconds=self.training_seconds,
+            measured_full_seconds=measured_full_seconds,
+        )
+        self.full_data_seconds = out["full_data_seconds"]
+        self.full_data_seconds_basis = out["full_data_seconds_basis"]
+        self.seconds_saved, self.fraction_saved = out["seconds_saved"], out["fraction_saved"]
+        if self.total_seconds is None:
+            self.total_seconds = out["our_seconds"]
+        return out
+
+    def summary_metrics(self) -> dict[str, float]:
+        """Scalar figures for `Trainer.log`, keys prefixed `cluster_select/`; fields still `None` are left out."""
+        return {
+            f"cluster_select/{name}": float(getattr(self, name))
+            for name in _METRIC_FIELDS
+            if getattr(self, name) is not None
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON dictionary of every field."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "SelectionReport":
+        """Inverse of `to_dict`.
+
+        Raises:
+            ValueError: if `values` holds a key that is not a field of this class.
+        """
+        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"`values` has keys that are not SelectionReport fields: {unknown}.")
+        return cls(**values)
+
+    def to_json(self) -> str:
+        """JSON text of `to_dict()` (strict JSON: no NaN/inf)."""
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "SelectionReport":
+        """Inverse of `to_json`."""
+        return cls.from_dict(json.loads(text))
+
+    def save(self, path: str | os.PathLike) -> str:
+        """Write `to_json()` to `path` atomically (temporary file in the same folder, then `os.replace`).
+
+        Returns:
+            `str`: the path written.
+        """
+        path = os.fspath(path)
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(self.to_json())
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "SelectionReport":
+        """Read a report written by `save`."""
+        with open(path, encoding="utf-8") as handle:
+            return cls.from_json(handle.read())

@@ -1,0 +1,151 @@
+"""One global, seed+epoch batch sampler that accelerate shards (layer L2).
+
+`ClusterBatchSampler` yields the per-device batches of `allocation.plan_epoch` (or `plan_epoch_paper`) as dataset
+indices, the same sequence on every rank. It never shards by rank itself: with more than one process, accelerate
+wraps it in `BatchSamplerShard` (`split_batches=False`), which gives batch `k` to rank `k % world_size`; the plan is
+ordered so that this dealing hands every rank its intended batch of each micro-step. `batch_size = None` tells
+accelerate that batch sizes vary (nothing is dropped), and the number of batches is always a multiple of
+`world_size`, so accelerate never cycles back to the start to even out the ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from .allocation import batches_per_rank, plan_epoch, plan_epoch_paper
+from .config import ALLOCATIONS
+
+
+def _int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"`{name}` must be an int >= {minimum}, got {value!r}.")
+    return int(value)
+
+
+def _int_array(name: str, value: Any, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    array = np.asarray(value)
+    if array.ndim != 1 or array.shape[0] < 1 or not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"`{name}` must be a 1-D int array with at least one entry, got shape {array.shape}, "
+                         f"dtype {array.dtype}.")
+    if shape is not None and array.shape != shape:
+        raise ValueError(f"`{name}` must have the shape of `labels` {shape}, got {array.shape}.")
+    return array.astype(np.int64)
+
+
+class ClusterBatchSampler(Sampler[list[int]]):
+    """Batch sampler over the kept examples, balanced in clusters (and tokens) per optimizer micro-step.
+
+    Pass it as `DataLoader(dataset, batch_sampler=sampler)`; `accelerator.prepare` shards it. One iteration yields
+    one epoch's plan (`len(self)` batches, a multiple of `world_size`), or exactly `num_batches` batches when given
+    (the plans of `epoch`, `epoch + 1`, ... concatenated, then cut), e.g. for a warm-up phase of fixed length.
+
+    Args:
+        indices (`np.ndarray` of shape `[m]`, int): dataset index of each kept example.
+        labels (`np.ndarray` of shape `[m]`, int): cluster of each kept example.
+        lengths (`np.ndarray` of shape `[m]`, int): tokens per kept example, >= 1.
+        world_size (`int`): data-parallel ranks `W` (accelerate's `num_processes`).
+        per_device_batch_size (`int`): most examples per per-device batch `B`.
+        seed (`int`, *optional*, defaults to `42`): seed of the order.
+        balance_tokens (`bool`, *optional*, defaults to `True`): compose micro-steps by length (see `plan_epoch`).
+        window (`int`, *optional*, defaults to `8`): micro-steps re-composed together when balancing tokens.
+        allocation (`str`, *optional*, defaults to `"balanced"`): `"balanced"` (`plan_epoch`) or `"paper"`
+            (`plan_epoch_paper`, CluSTER's one cluster per rank; needs exactly `world_size` clusters).
+        num_batches (`int`, *optional*): per-device batches to yield per iteration, a positive multiple of
+            `world_size`; `None` = one epoch.
+    Raises:
+        ValueError: if an argument is out of range, the arrays differ in shape, or `indices` is not 1-D int.
+    """
+
+    batch_size = None  # variable batch sizes: accelerate's BatchSamplerShard then drops nothing
+    drop_last = False
+
+    def __init__(
+        self,
+        indices: Any,
+        labels: Any,
+        lengths: Any,
+        *,
+        world_size: int,
+        per_device_batch_size: int,
+        seed: int = 42,
+        balance_tokens: bool = True,
+        window: int = 8,
+        allocation: str = "balanced",
+        num_batches: int | None = None,
+    ) -> None:
+        labels = _int_array("labels", labels)
+        lengths = _int_array("lengths", lengths, labels.shape)
+        indices = _int_array("indices", indices, labels.shape)
+        if lengths.min() < 1:
+            raise ValueError(f"`lengths` must be >= 1 (tokens), got min {lengths.min()}.")
+        if allocation not in ALLOCATIONS:
+            raise ValueError(f"`allocation` must be one of {list(ALLOCATIONS)}, got {allocation!r}.")
+        self.world_size = _int("world_size", world_size, 1)
+        self.per_device_batch_size = _int("per_device_batch_size", per_device_batch_size, 1)
+        self.window = _int("window", window, 1)
+        self.seed = _int("seed", seed, -(1 << 63))
+        if num_batches is not None and (_int("num_batches", num_batches, 1) % self.world_size):
+            raise ValueError(f"`num_batches` must be a multiple of `world_size`={self.world_size}, got {num_batches}.")
+        if allocation == "paper" and len(np.unique(labels)) != self.world_size:
+            raise ValueError(f"`labels` must hold exactly `world_size`={self.world_size} distinct clusters for "
+                             f"`allocation`='paper', got {len(np.unique(labels))}.")
+        self.indices = indices
+        self.labels = labels
+        self.lengths = lengths
+        self.balance_tokens = bool(balance_tokens)
+        self.allocation = allocation
+        self.num_batches = None if num_batches is None else int(num_batches)
+        self.epoch = 0
+
+    @property
+    def sampler(self) -> "ClusterBatchSampler":
+        """This sampler itself. accelerate's `DataLoaderShard.set_epoch` reaches a sampler wrapped in
+        `BatchSamplerShard` only through `batch_sampler.sampler.set_epoch`; this makes it reach `set_epoch`."""
+        return self
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose plan the next iteration yields (the same on every rank).
+
+        Raises:
+            ValueError: if `epoch` is not an int >= 0.
+        """
+        self.epoch = _int("epoch", epoch, 0)
+
+    def batches_per_epoch(self) -> int:
+        """Per-device batches in one epoch's plan (all ranks together), a multiple of `world_size`; no iteration."""
+        m, w, b = len(self.indices), self.world_size, self.per_device_batch_size
+        if self.allocation == "paper":
+            largest = int(np.unique(self.labels, return_counts=True)[1].max())
+            return -(-largest // b) * w
+        return batches_per_rank(m, w, b) * w
+
+    def __len__(self) -> int:
+        """Per-device batches one iteration yields (all ranks together): `num_batches`, or one epoch's plan."""
+        return self.num_batches if self.num_batches is not None else self.batches_per_epoch()
+
+    def plan(self, epoch: int) -> list[list[int]]:
+        """One epoch's batches as POSITIONS `0..m-1` into `indices` / `labels` / `lengths` (for tests, benchmarks and
+        `allocation.plan_stats`); `__iter__` yields `indices[positions]`.
+
+        Raises:
+            ValueError: if `epoch` is not an int >= 0.
+        """
+        common = dict(world_size=self.world_size, per_device_batch_size=self.per_device_batch_size, seed=self.seed)
+        if self.allocation == "paper":
+            return plan_epoch_paper(self.labels, epoch=epoch, **common)
+        return plan_epoch(self.labels, self.lengths, epoch=epoch, balance_tokens=self.balance_tokens,
+                          window=self.window, **common)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        remaining = len(self)
+        epoch = self.epoch
+        while remaining > 0:
+            batches = self.plan(epoch)[:remaining]
+            for positions in batches:
+                yield self.indices[positions].tolist()
+            remaining -= len(batches)
+            epoch += 1

@@ -1,0 +1,189 @@
+"""The optimizer-step plan of a ClusterTrainer run, known before training starts (layer L2).
+
+A run is a warm-up phase on the full data (logical epoch 0, when `warmup_steps > 0`) followed by epochs over the
+selected subset. The plan fixes every count in advance so the LR schedule spans exactly the steps that will run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+
+def batches_per_rank_per_epoch(n_examples: int, world_size: int, per_device_batch_size: int) -> int:
+    """Per-device batches each rank gets in one epoch over `n_examples`: `ceil(n / (world_size · batch))`.
+
+    Matches `allocation.batches_per_rank` (every example once per epoch, batches of at most `per_device_batch_size`).
+    """
+    return max(1, math.ceil(n_examples / (world_size * per_device_batch_size)))
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Every count of a ClusterTrainer run.
+
+    Attributes:
+        n_examples (`int`): size of the full training set.
+        n_kept (`int`): size of the selected subset.
+        world_size (`int`), per_device_batch_size (`int`), gradient_accumulation_steps (`int`): batch geometry.
+        warmup_steps (`int`): optimizer steps on the full data before selection (0 = select first).
+        selected_batches_per_epoch (`int`): per-device batches each rank gets per epoch of the subset.
+        selected_steps_per_epoch (`int`): optimizer steps per epoch of the subset.
+        selected_steps (`int`): optimizer steps after selection, in total.
+        selected_epochs (`int`): epochs over the subset (the last one may be cut short by `max_steps`).
+        total_steps (`int`): `warmup_steps + selected_steps`; the LR schedule spans exactly this.
+        full_data_steps (`int`): steps the same recipe would take on the full data (for the savings estimate).
+    """
+
+    n_examples: int
+    n_kept: int
+    world_size: int
+    per_device_batch_size: int
+    gradient_accumulation_steps: int
+    warmup_steps: int
+    selected_batches_per_epoch: int
+    selected_steps_per_epoch: int
+    selected_steps: int
+    selected_epochs: int
+    total_steps: int
+    full_data_steps: int
+
+    @property
+    def warmup_epochs(self) -> int:
+        """1 when the run has a warm-up phase (logical epoch 0), else 0."""
+        return 1 if self.warmup_steps > 0 else 0
+
+    @property
+    def num_epochs(self) -> int:
+        """Logical epochs the Trainer loops over: the warm-up epoch plus the subset epochs."""
+        return self.warmup_epochs + self.selected_epochs
+
+    @property
+    def global_batch_size(self) -> int:
+        """Examples per optimizer step over all ranks: world size × per-device batch × accumulation."""
+        return self.world_size * self.per_device_batch_size * self.gradient_accumulation_steps
+
+    def is_warmup_epoch(self, epoch: int) -> bool:
+        """Whether logical epoch `epoch` is the warm-up phase."""
+        return self.warmup_steps > 0 and epoch == 0
+
+    def epoch_lengths(self, epoch: int) -> tuple[int, int]:
+        """(per-device batches, optimizer steps) of logical epoch `epoch`."""
+        if self.is_warmup_epoch(epoch):
+            return self.warmup_steps * self.gradient_accumulation_steps, self.warmup_steps
+        return self.selected_batches_per_epoch, self.selected_steps_per_epoch
+
+    def locate(self, global_step: int) -> tuple[int, int]:
+        """Where a run resumed at `global_step` continues.
+
+        Returns:
+            `(epoch, batches_to_skip)`: the logical epoch and the per-device batches of it already trained.
+        Raises:
+            ValueError: if `global_step` is negative or beyond `total_steps`.
+        """
+        if not 0 <= global_step <= self.total_steps:
+            raise ValueError(f"`global_step` must be in [0, {self.total_steps}], got {global_step}.")
+        if global_step < self.warmup_steps:
+            return 0, global_step * self.gradient_accumulation_steps
+        done = global_step - self.warmup_steps
+        epoch = self.warmup_epochs + done // self.selected_steps_per_epoch
+        return epoch, (done % self.selected_steps_per_epoch) * self.gradient_accumulation_steps
+
+    def to_dict(self) -> dict:
+        """Plain dictionary of every field."""
+        return asdict(self)
+
+
+def plan_steps(
+    *,
+    n_examples: int,
+    n_kept: int,
+    world_size: int,
+    per_device_batch_size: int,
+    gradient_accumulation_steps: int,
+    warmup_steps: int,
+    num_train_epochs: float,
+    max_steps: int = -1,
+) -> StepPlan:
+    """Plan every optimizer step of a run before it starts.
+
+    With `max_steps > 0` the run does exactly `max_steps` steps (warm-up included); otherwise it does the warm-up
+    plus `ceil(num_train_epochs × steps per subset epoch)` steps, i.e. `num_train_epochs` counts epochs over the
+    selected subset, as a user of `Trainer` would expect.
+
+    Args:
+        n_examples (`int`): size of the full training set (>= 1).
+        n_kept (`int`): size of the selected subset, in `[1, n_examples]`.
+        world_size (`int`): number of data-parallel ranks (>= 1).
+        per_device_batch_size (`int`): examples per per-device batch (>= 1).
+        gradient_accumulation_steps (`int`): micro-batches per optimizer step (>= 1).
+        warmup_steps (`int`): optimizer steps on the full data before selection (>= 0).
+        num_train_epochs (`float`): epochs over the subset (> 0), used when `max_steps <= 0`.
+        max_steps (`int`, *optional*, defaults to `-1`): total optimizer steps including the warm-up.
+    Returns:
+        `StepPlan`.
+    Raises:
+        ValueError: if a count is out of range, the dataset or subset is smaller than one global batch, or
+            `warmup_steps` leaves no step for the selected data.
+    """
+    for name, value, minimum in (
+        ("n_examples", n_examples, 1),
+        ("world_size", world_size, 1),
+        ("per_device_batch_size", per_device_batch_size, 1),
+        ("gradient_accumulation_steps", gradient_accumulation_steps, 1),
+        ("warmup_steps", warmup_steps, 0),
+    ):
+        if value < minimum:
+            raise ValueError(f"`{name}` must be >= {minimum}, got {value}.")
+    if not 1 <= n_kept <= n_examples:
+        raise ValueError(f"`n_kept` must be in [1, n_examples={n_examples}], got {n_kept}.")
+    global_batch = world_size * per_device_batch_size * gradient_accumulation_steps
+    if n_examples < global_batch:
+        raise ValueError(
+            f"the training dataset has {n_examples} examples, fewer than one global batch of {global_batch} "
+            f"(world_size {world_size} × per_device_train_batch_size {per_device_batch_size} × "
+            f"gradient_accumulation_steps {gradient_accumulation_steps}); use a smaller batch or more data."
+        )
+    if n_kept < global_batch:
+        raise ValueError(
+            f"the selected subset would hold {n_kept} examples, fewer than one global batch of {global_batch} "
+            f"(world_size {world_size} × per_device_train_batch_size {per_device_batch_size} × "
+            f"gradient_accumulation_steps {gradient_accumulation_steps}); raise `data_fraction` or lower the batch."
+        )
+    batches = batches_per_rank_per_epoch(n_kept, world_size, per_device_batch_size)
+    steps_per_epoch = math.ceil(batches / gradient_accumulation_steps)
+    full_steps_per_epoch = math.ceil(
+        batches_per_rank_per_epoch(n_examples, world_size, per_device_batch_size) / gradient_accumulation_steps
+    )
+    if max_steps is not None and max_steps > 0:
+        if warmup_steps >= max_steps:
+            raise ValueError(
+                f"`warmup_steps` ({warmup_steps}) must be smaller than the planned total of {max_steps} steps "
+                "(`max_steps`); lower `warmup_steps` or raise `max_steps`."
+            )
+        selected = max_steps - warmup_steps
+        full_data_steps = max_steps
+    else:
+        if not num_train_epochs > 0:
+            raise ValueError(f"`num_train_epochs` must be > 0 when `max_steps` <= 0, got {num_train_epochs}.")
+        selected = math.ceil(num_train_epochs * steps_per_epoch)
+        full_data_steps = math.ceil(num_train_epochs * full_steps_per_epoch)
+        if warmup_steps >= full_data_steps:
+            raise ValueError(
+                f"`warmup_steps` ({warmup_steps}) must be smaller than the {full_data_steps} steps the run would "
+                f"take on the full data ({num_train_epochs} epochs); lower `warmup_steps`."
+            )
+    return StepPlan(
+        n_examples=n_examples,
+        n_kept=n_kept,
+        world_size=world_size,
+        per_device_batch_size=per_device_batch_size,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        warmup_steps=warmup_steps,
+        selected_batches_per_epoch=batches,
+        selected_steps_per_epoch=steps_per_epoch,
+        selected_steps=selected,
+        selected_epochs=math.ceil(selected / steps_per_epoch),
+        total_steps=warmup_steps + selected,
+        full_data_steps=full_data_steps,
+    )

@@ -1,0 +1,183 @@
+"""Tests of hf_cluster_select.selection with exact expected values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hf_cluster_select._types import ClusteringResult
+from hf_cluster_select.config import ClusterSelectConfig
+from hf_cluster_select.selection import cluster_quotas, select_from_labels, select_subset, selection_budget
+
+# Two clusters on a line: cluster 0 at 0, 1, 2, 10 (centroid 3.25), cluster 1 at 20..23 (centroid 21.5).
+LINE_LABELS = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+LINE_POINTS = np.array([0.0, 1.0, 2.0, 10.0, 20.0, 21.0, 22.0, 23.0])[:, None]
+
+
+@pytest.mark.parametrize(
+    "n, fraction, expected",
+    [(10, 0.35, 4), (10, 0.25, 3), (10, 0.24, 2), (10, 0.3, 3), (7, 0.5, 4), (100, 0.005, 1), (10, 0.001, 1),
+     (3, 1.0, 3), (1, 0.3, 1), (640, 0.3, 192), (1001, 0.5, 501), (52002, 0.31, 16121)],
+)
+def test_budget_rounds_half_up(n, fraction, expected):
+    assert selection_budget(n, fraction) == expected
+
+
+def test_budget_met_over_many_sizes():
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 3, 5, 8, 13, 50, 101, 257):
+        labels = rng.integers(0, 6, size=n)
+        points = rng.normal(size=(n, 3))
+        for fraction in (0.01, 0.1, 0.25, 0.3, 1 / 3, 0.5, 0.75, 0.99, 1.0):
+            for quota in ("proportional", "uniform"):
+                chosen = select_from_labels(labels, points, data_fraction=fraction, quota=quota)
+                assert chosen.n_kept == selection_budget(n, fraction)
+                assert chosen.n_total == n
+
+
+@pytest.mark.parametrize(
+    "sizes, budget, expected",
+    [
+        ([50, 30, 20], 10, [5, 3, 2]),
+        ([10, 10, 10], 10, [4, 3, 3]),  # equal remainders: lower label first
+        ([97, 1, 1, 1], 4, [1, 1, 1, 1]),
+        ([97, 1, 1, 1], 10, [7, 1, 1, 1]),  # the small clusters are fixed at one, 7 left for the big one
+        ([5, 3, 3], 2, [1, 1, 0]),  # budget < K: largest first, ties by label
+        ([3, 5, 5], 2, [0, 1, 1]),
+        ([4, 4], 8, [4, 4]),
+    ],
+)
+def test_proportional_quotas(sizes, budget, expected):
+    assert cluster_quotas(sizes, budget, "proportional").tolist() == expected
+
+
+@pytest.mark.parametrize(
+    "sizes, budget, expected",
+    [
+        ([2, 5, 10, 20], 20, [2, 5, 6, 7]),
+        ([2, 5, 10, 20], 9, [2, 2, 2, 3]),
+        ([10, 10, 10], 10, [4, 3, 3]),
+        ([3, 3, 3], 2, [1, 1, 0]),
+        ([1, 100], 50, [1, 49]),
+        ([6, 6, 1], 13, [6, 6, 1]),
+    ],
+)
+def test_uniform_quotas(sizes, budget, expected):
+    assert cluster_quotas(sizes, budget, "uniform").tolist() == expected
+
+
+def test_peripheral_and_central_exact():
+    peripheral = select_from_labels(LINE_LABELS, LINE_POINTS, data_fraction=0.5, within_cluster="peripheral")
+    assert peripheral.indices.tolist() == [0, 3, 4, 7]  # 4 and 7 tie at 1.5 from 21.5
+    assert peripheral.labels.tolist() == [0, 0, 1, 1]
+    assert peripheral.weights.tolist() == [2.0, 2.0, 2.0, 2.0]
+    central = select_from_labels(LINE_LABELS, LINE_POINTS, data_fraction=0.5, within_cluster="central")
+    assert central.indices.tolist() == [1, 2, 5, 6]
+    single = select_from_labels(LINE_LABELS, LINE_POINTS, data_fraction=0.25, within_cluster="peripheral")
+    assert single.indices.tolist() == [3, 4]  # tie between 4 and 7 → lower index
+    central_one = select_from_labels(LINE_LABELS, LINE_POINTS.ravel(), data_fraction=0.25, within_cluster="central")
+    assert central_one.indices.tolist() == [2, 5]
+
+
+def test_weights_follow_cluster_sizes():
+    labels = np.array([0] * 6 + [1] * 3 + [2])
+    chosen = select_from_labels(labels, np.arange(10.0), data_fraction=0.5)
+    assert chosen.indices.tolist() == [0, 1, 5, 6, 9]  # quotas [3, 1, 1]; ties (0/5, 1/4, 6/8) → lower index
+    assert chosen.weights.tolist() == [2.0, 2.0, 2.0, 3.0, 1.0]
+    assert chosen.weights.sum() == 10.0
+    assert np.allclose(chosen.loss_weights().mean(), 1.0)
+
+
+def test_random_is_deterministic_and_seeded():
+    labels = np.repeat(np.arange(4), 25)
+    first = select_from_labels(labels, None, data_fraction=0.3, within_cluster="random", seed=1)
+    again = select_from_labels(labels, None, data_fraction=0.3, within_cluster="random", seed=1)
+    other = select_from_labels(labels, None, data_fraction=0.3, within_cluster="random", seed=2)
+    assert np.array_equal(first.indices, again.indices)
+    assert not np.array_equal(first.indices, other.indices)
+    assert np.bincount(first.labels).tolist() == [8, 8, 7, 7]
+
+
+def test_select_subset_uses_config():
+    result = ClusteringResult(
+        labels=LINE_LABELS, raw_labels=LINE_LABELS, reduced=LINE_POINTS.astype(np.float32), n_clusters=2,
+        method="hdbscan",
+    )
+    chosen = select_subset(result, ClusterSelectConfig(data_fraction=0.5, within_cluster="central"))
+    assert chosen.indices.tolist() == [1, 2, 5, 6]
+    assert select_subset(result, ClusterSelectConfig(data_fraction=0.5)).indices.tolist() == [0, 3, 4, 7]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(labels=[0, -1, 1]), "negative"),
+        (dict(labels=[]), "non-empty"),
+        (dict(labels=[[0, 1]]), "1-D"),
+        (dict(labels=[0.5, 1.0]), "integers"),
+        (dict(reduced=None), "`reduced` is required"),
+        (dict(reduced=np.ones((2, 2))), "shape"),
+        (dict(reduced=np.array([[np.nan], [0.0], [1.0]])), "NaN"),
+        (dict(data_fraction=0.0), "data_fraction"),
+        (dict(data_fraction=1.5), "data_fraction"),
+        (dict(within_cluster="edge"), "within_cluster"),
+        (dict(quota="equal"), "quota"),
+        (dict(seed=1.5), "seed"),
+    ],
+)
+def test_rejects_bad_arguments(kwargs, message):
+    arguments = dict(labels=[0, 1, 1], reduced=np.zeros((3, 1)), data_fraction=0.5)
+    arguments.update(kwargs)
+    labels = arguments.pop("labels")
+    reduced = arguments.pop("reduced")
+    with pytest.raises(ValueError, match=message):
+        select_from_labels(labels, reduced, **arguments)
+
+
+def test_rejects_bad_quota_inputs():
+    with pytest.raises(ValueError, match="sizes"):
+        cluster_quotas([3, 0], 2)
+    with pytest.raises(ValueError, match="budget"):
+        cluster_quotas([3, 2], 6)
+    with pytest.raises(ValueError, match="n_total"):
+        selection_budget(0, 0.5)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=1, max_value=30), min_size=1, max_size=8),
+    fraction=st.floats(min_value=1e-3, max_value=1.0),
+    within=st.sampled_from(["peripheral", "central", "random"]),
+    quota=st.sampled_from(["proportional", "uniform"]),
+    seed=st.integers(min_value=0, max_value=2**31),
+)
+def test_selection_invariants(sizes, fraction, within, quota, seed):
+    rng = np.random.default_rng(seed)
+    labels = rng.permutation(np.repeat(np.arange(len(sizes)), sizes))
+    points = rng.normal(size=(labels.size, 3)).round(1)  # rounding creates distance ties
+    n = labels.size
+    chosen = select_from_labels(labels, points, data_fraction=fraction, within_cluster=within, quota=quota, seed=seed)
+    budget = selection_budget(n, fraction)
+    assert chosen.n_kept == budget
+    assert chosen.indices.dtype == np.int64 and chosen.weights.dtype == np.float64
+    assert np.all(np.diff(chosen.indices) > 0)  # sorted and unique
+    assert chosen.indices.min() >= 0 and chosen.indices.max() < n
+    assert np.array_equal(chosen.labels, labels[chosen.indices])
+    assert np.isfinite(chosen.weights).all() and (chosen.weights > 0).all()
+    assert abs(chosen.weights.sum() - n) < 1e-9
+    kept_per_cluster = np.bincount(chosen.labels, minlength=len(sizes))
+    if budget >= len(sizes):
+        assert (kept_per_cluster >= 1).all()
+    assert (kept_per_cluster <= np.array(sizes)).all()
+    again = select_from_labels(labels, points, data_fraction=fraction, within_cluster=within, quota=quota, seed=seed)
+    assert np.array_equal(chosen.indices, again.indices)
+
+
+def test_weights_sum_to_n_when_budget_below_cluster_count():
+    labels = np.array([0] * 5 + [1] * 3 + [2] * 3)
+    chosen = select_from_labels(labels, np.arange(11.0), data_fraction=0.2)  # budget 2 < K = 3
+    assert chosen.labels.tolist() == [0, 1]
+    assert chosen.weights.tolist() == [5 * 11 / 8, 3 * 11 / 8]
+    assert chosen.weights.sum() == 11.0

@@ -1,0 +1,258 @@
+"""ClusterTrainer end to end on a tiny Llama: step plan, LR schedule, selected indices, weights, resume, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from transformers import Trainer, TrainerCallback, TrainingArguments, get_scheduler
+
+from hf_cluster_select import ClusterSelectConfig, ClusterTrainer
+from hf_cluster_select.data import INDEX_KEY
+
+
+def make_args(tmp_path, **overrides):
+    values = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=8,
+        num_train_epochs=2,
+        learning_rate=1e-3,
+        warmup_steps=3,
+        lr_scheduler_type="linear",
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+    )
+    values.update(overrides)
+    return TrainingArguments(**values)
+
+
+class Recorder(TrainerCallback):
+    """Records the learning rate after every optimizer step."""
+
+    def __init__(self):
+        self.lrs = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.lrs.append(kwargs["lr_scheduler"].get_last_lr()[0])
+
+
+class RecordingTrainer(ClusterTrainer):
+    """Records the example indices of every micro-batch that reaches `compute_loss` during training."""
+
+    seen: list
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if model.training:
+            self.seen.append((self.state.global_step, inputs[INDEX_KEY].tolist()))
+        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+
+
+def build(tmp_path, tiny_lm, lm_dataset, collator, config=None, cls=RecordingTrainer, **arg_overrides):
+    trainer = cls(
+        model=tiny_lm,
+        args=make_args(tmp_path, **arg_overrides),
+        train_dataset=lm_dataset,
+        data_collator=collator,
+        cluster_config=config or ClusterSelectConfig(data_fraction=0.5, hdbscan_min_cluster_size=5),
+    )
+    trainer.seen = []
+    return trainer
+
+
+def test_exact_steps_and_lr_schedule(tmp_path, tiny_lm, lm_dataset, collator):
+    trainer = build(tmp_path, tiny_lm, lm_dataset, collator)
+    recorder = Recorder()
+    trainer.add_callback(recorder)
+    result = trainer.train()
+    plan = trainer.step_plan
+    # 96 examples, keep 48; batch 4 on 1 rank: 12 batches/epoch, 2 epochs = 24 steps + 3 warm-up steps
+    assert (plan.n_kept, plan.warmup_steps, plan.selected_steps_per_epoch, plan.total_steps) == (48, 3, 12, 27)
+    assert plan.full_data_steps == 48
+    assert result.global_step == 27 and trainer.state.global_step == 27 and trainer.state.max_steps == 27
+    reference_optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+    reference = get_scheduler("linear", reference_optimizer, num_warmup_steps=3, num_training_steps=27)
+    expected = []
+    for _ in range(27):
+        reference_optimizer.step()
+        reference.step()
+        expected.append(reference.get_last_lr()[0])
+    assert recorder.lrs == pytest.approx(expected, abs=1e-12)
+    assert recorder.lrs[-1] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_only_selected_indices_after_warmup(tmp_path, tiny_lm, lm_dataset, collator):
+    trainer = build(tmp_path, tiny_lm, lm_dataset, collator)
+    trainer.train()
+    kept = set(trainer.selection.indices.tolist())
+    assert len(kept) == 48
+    warm = [i for step, batch in trainer.seen if step < 3 for i in batch]
+    after = [i for step, batch in trainer.seen if step >= 3 for i in batch]
+    assert len(warm) == 12 and len(set(warm)) == 12  # 3 steps × 4 distinct full-data examples
+    assert set(after) == kept
+    assert len(after) == 96 and all(after.count(i) == 2 for i in kept)  # every kept example once per epoch
+
+
+def test_gradient_accumulation_step_count(tmp_path, tiny_lm, lm_dataset, collator):
+    trainer = build(tmp_path, tiny_lm, lm_dataset, collator, gradient_accumulation_steps=5, num_train_epochs=1,
+                    warmup_steps=1)
+    trainer.train()
+    # 12 batches per epoch / 5 = 3 steps (last one with 2 micro-batches) + 1 warm-up step of 5 micro-batches
+    assert trainer.state.global_step == 4
+    assert len([b for s, b in trainer.seen if s < 1]) == 5
+    assert len([b for s, b in trainer.seen if s >= 1]) == 12
+
+
+def test_max_steps_is_exact(tmp_path, tiny_lm, lm_dataset, collator):
+    trainer = build(tmp_path, tiny_lm, lm_dataset, collator, max_steps=17)
+    trainer.train()
+    assert trainer.state.global_step == 17
+    assert trainer.step_plan.selected_steps == 14 and trainer.step_plan.selected_epochs == 2
+
+
+def test_report_and_model_card(tmp_path, tiny_lm, lm_dataset, collator):
+    trainer = build(tmp_path, tiny_lm, lm_dataset, collator)
+    trainer.train()
+    out = tmp_path / "out"
+    report = json.loads((out / "selection_report.json").read_text())
+    assert report["n_examples"] == 96 and report["n_kept"] == 48 and report["fraction_kept"] == 0.5
+    assert sum(report["weights"]) == pytest.approx(96)
+    assert len(report["raw_labels"]) == 96 and len(report["labels"]) == 96
+    assert sorted(report["kept_indices"]) == trainer.selection.indices.tolist()
+    for key in ("warmup_seconds", "features_seconds", "clustering_seconds", "training_seconds"):
+        assert report[key] > 0
+    assert report["full_data_steps"] == 48 and "estimated" in report["full_data_seconds_basis"]
+    per_step = report["warmup_seconds"] / 3
+    assert report["full_data_seconds"] == pytest.approx(per_step * 48)
+    card = (out / "README.md").read_text()
+    assert "hf_cluster_select" in card and "48" in card and "estimated" in card
+    assert (out / "cluster_sizes.png").stat().st_size > 1000
+    assert (out / "cluster_selection.npz").is_file()
+
+
+def test_weighted_loss_equals_stock_with_unit_weights(tiny_lm, lm_dataset, collator, tmp_path):
+    from hf_cluster_select.weighting import weighted_token_loss
+
+    batch = collator([lm_dataset[i] for i in range(6)])
+    out = tiny_lm(**batch)
+    logits = out.logits
+    ours = weighted_token_loss(logits, batch["labels"], torch.ones(6), shift=True)
+    assert ours.item() == pytest.approx(out.loss.item(), rel=1e-6)
+    n_items = int((batch["labels"][:, 1:] != -100).sum()) + 7
+    stock = tiny_lm(**batch, num_items_in_batch=n_items).loss
+    ours = weighted_token_loss(logits, batch["labels"], torch.ones(6), shift=True, num_items_in_batch=n_items)
+    assert ours.item() == pytest.approx(stock.item(), rel=1e-6)
+    # doubling one example's weight adds exactly that example's token-loss sum once more
+    weights = torch.ones(6)
+    weights[2] = 2.0
+    single = weighted_token_loss(logits[2:3], batch["labels"][2:3], torch.ones(1), shift=True, num_items_in_batch=n_items)
+    doubled = weighted_token_loss(logits, batch["labels"], weights, shift=True, num_items_in_batch=n_items)
+    assert doubled.item() == pytest.approx(stock.item() + single.item(), rel=1e-5)
+
+
+def test_resume_gives_same_batches_and_weights(tmp_path, tiny_lm, lm_dataset, collator, _tiny_lm_base):
+    import copy
+
+    full = build(tmp_path / "a", copy.deepcopy(_tiny_lm_base), lm_dataset, collator, save_strategy="steps",
+                 save_steps=9)
+    full.train()
+    checkpoint = tmp_path / "a" / "out" / "checkpoint-9"
+    assert (checkpoint / "cluster_selection.npz").is_file()
+    resumed = build(tmp_path / "a", copy.deepcopy(_tiny_lm_base), lm_dataset, collator, save_strategy="steps",
+                    save_steps=9)
+    resumed.run_selection = None  # selection must be loaded, never recomputed
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert np.array_equal(resumed.selection.indices, full.selection.indices)
+    assert [b for s, b in resumed.seen] == [b for s, b in full.seen if s >= 9]
+    for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
+        assert torch.allclose(p, q, atol=1e-6), name
+
+
+def test_resume_during_warmup_then_selects(tmp_path, lm_dataset, collator, _tiny_lm_base):
+    import copy
+
+    full = build(tmp_path, copy.deepcopy(_tiny_lm_base), lm_dataset, collator, save_strategy="steps", save_steps=2)
+    full.train()
+    resumed = build(tmp_path, copy.deepcopy(_tiny_lm_base), lm_dataset, collator, save_strategy="steps", save_steps=2)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    assert [b for s, b in resumed.seen] == [b for s, b in full.seen if s >= 2]
+    assert np.array_equal(resumed.selection.indices, full.selection.indices)
+
+
+def test_private_hooks_are_called(tmp_path, tiny_lm, lm_dataset, collator, monkeypatch):
+    calls = []
+    for name in ("set_initial_training_values", "_init_training_state", "_run_epoch", "get_train_dataloader",
+                 "compute_loss"):
+        original = getattr(ClusterTrainer, name)
+
+        def spy(self, *a, _original=original, _name=name, **k):
+            calls.append(_name)
+            return _original(self, *a, **k)
+
+        monkeypatch.setattr(ClusterTrainer, name, spy)
+    trainer = build(tmp_path, tiny_lm, lm_dataset, collator, cls=ClusterTrainer, num_train_epochs=1)
+    trainer.train()
+    for name in ("set_initial_training_values", "_init_training_state", "_run_epoch", "get_train_dataloader",
+                 "compute_loss"):
+        assert name in calls, f"transformers no longer calls {name}"
+    assert calls.count("_run_epoch") == 2  # warm-up epoch + one subset epoch
+
+
+@pytest.mark.parametrize(
+    "overrides, config, message",
+    [
+        ({"warmup_steps": 60}, None, "warmup_steps"),
+        ({"per_device_train_batch_size": 64}, None, "one global batch"),
+        ({"per_device_train_batch_size": 40}, ClusterSelectConfig(data_fraction=0.3), "raise `data_fraction`"),
+        ({"max_steps": 3}, None, "warmup_steps"),
+    ],
+)
+def test_bad_plans_fail_before_training(tmp_path, tiny_lm, lm_dataset, collator, overrides, config, message):
+    trainer = build(tmp_path, tiny_lm, lm_dataset, collator, config=config, **overrides)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    with pytest.raises(ValueError, match=message):
+        trainer.train()
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    assert not os.path.exists(tmp_path / "out" / "selection_report.json")
+
+
+def test_dataset_without_len_is_rejected(tmp_path, tiny_lm, lm_dataset, collator):
+    stream = lm_dataset.to_iterable_dataset()
+    trainer = ClusterTrainer(model=tiny_lm, args=make_args(tmp_path, max_steps=5), train_dataset=stream,
+                             data_collator=collator)
+    with pytest.raises(ValueError, match="__len__"):
+        trainer.train()
+
+
+def test_bad_config_type(tmp_path, tiny_lm, lm_dataset, collator):
+    with pytest.raises(TypeError, match="cluster_config"):
+        ClusterTrainer(model=tiny_lm, args=make_args(tmp_path), train_dataset=lm_dataset, cluster_config={"a": 1})
+
+
+def test_plain_trainer_equivalence_at_full_fraction(tmp_path, lm_dataset, collator, _tiny_lm_base):
+    """With data_fraction=1 and no warm-up the losses are the stock Trainer's (weights are all 1)."""
+    import copy
+
+    ours = build(tmp_path / "o", copy.deepcopy(_tiny_lm_base), lm_dataset, collator,
+                 config=ClusterSelectConfig(data_fraction=1.0, warmup_steps=0), num_train_epochs=1)
+    ours.train()
+    assert np.all(ours.selection.weights == 1.0)
+    assert ours.state.global_step == 24
+    losses = [h["loss"] for h in ours.state.log_history if "loss" in h and "train_loss" not in h]
+    assert len(losses) == 24 and all(np.isfinite(losses))
+    stock = Trainer(model=copy.deepcopy(_tiny_lm_base), args=make_args(tmp_path / "s", num_train_epochs=1),
+                    train_dataset=lm_dataset, data_collator=collator)
+    batch = collator([lm_dataset[i] for i in range(4)])
+    batch_ours = dict(batch, **{INDEX_KEY: torch.arange(4)})
+    ours.model.eval()
+    stock.model = ours.model
+    assert ours.compute_loss(ours.model, batch_ours).item() == pytest.approx(
+        stock.compute_loss(ours.model, dict(batch)).item(), rel=1e-6
+    )
