@@ -25,7 +25,7 @@ __all__ = [
 _LAZY = {
     "ClusterTrainer": ".trainer",
     "ClusterSFTTrainer": ".trainer",
-    "ClusterSelectMixin": ".trainer",
+    "ClusterSelectMixin": ".mixin",
     "ClusterSelectCallback": ".callbacks",
     "cluster_features": ".clustering",
     "select_subset": ".selection",

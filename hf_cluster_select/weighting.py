@@ -87,3 +87,27 @@ def weighted_example_loss(
     per_example = F.cross_entropy(logits.float(), labels, ignore_index=ignore_index, reduction="none")
     weights = example_weights.to(per_example.device, torch.float32)
     return (per_example * weights).sum() / (labels != ignore_index).sum().clamp(min=1)
+
+
+def weighted_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    example_weights: torch.Tensor,
+    *,
+    causal: bool,
+    num_items_in_batch: torch.Tensor | int | None = None,
+) -> torch.Tensor:
+    """Dispatch to `weighted_token_loss` (logits `[batch, seq_len, vocab]`, labels `[batch, seq_len]`; shifted when
+    `causal`) or `weighted_example_loss` (logits `[batch, num_labels]`, integer labels `[batch]`).
+
+    Raises:
+        ValueError: for any other head (regression, multi-label), naming the shapes received.
+    """
+    if logits.dim() == 3 and labels.dim() == 2:
+        return weighted_token_loss(logits, labels, example_weights, shift=causal, num_items_in_batch=num_items_in_batch)
+    if logits.dim() == 2 and labels.dim() == 1 and not labels.is_floating_point():
+        return weighted_example_loss(logits, labels, example_weights)
+    raise ValueError(
+        "per-example loss weights support token-level language modelling and single-label classification; got "
+        f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)}. Use data_fraction=1.0 or a supported head."
+    )
