@@ -27,9 +27,9 @@ from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from hf_cluster_select.clustering import cluster_features  # noqa: E402
-from hf_cluster_select.config import ClusterSelectConfig  # noqa: E402
-from hf_cluster_select.selection import select_subset  # noqa: E402
+from hf_cluster_select.clustering import cluster_features
+from hf_cluster_select.config import ClusterSelectConfig
+from hf_cluster_select.selection import select_subset
 
 DATA_CANDIDATES = (
     os.path.join(ROOT, "hf_cluster_select", "demo", "data", "natural_instructions.sample16x250.json"),
@@ -77,9 +77,7 @@ def model_features(prompts: list[str], targets: list[str], max_length: int, batc
         target_ids = target_ids[: max_length // 2]
         prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         prompt_ids = prompt_ids[max(0, len(prompt_ids) - (max_length - len(target_ids))) :]  # keep the question end
-        dataset.append(
-            {"input_ids": prompt_ids + target_ids, "labels": [IGNORE_INDEX] * len(prompt_ids) + target_ids}
-        )
+        dataset.append({"input_ids": prompt_ids + target_ids, "labels": [IGNORE_INDEX] * len(prompt_ids) + target_ids})
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     def collate(items: list[dict]) -> dict:
@@ -130,8 +128,11 @@ def evaluate(features: np.ndarray, truth: np.ndarray, config: ClusterSelectConfi
 
 def coverage(selection_labels: np.ndarray, n_skills: int) -> dict:
     counts = np.bincount(selection_labels, minlength=n_skills)
-    return {"skills_covered": int((counts > 0).sum()), "min_per_skill": int(counts.min()),
-            "max_per_skill": int(counts.max())}
+    return {
+        "skills_covered": int((counts > 0).sum()),
+        "min_per_skill": int(counts.min()),
+        "max_per_skill": int(counts.max()),
+    }
 
 
 def main() -> None:
@@ -142,8 +143,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--cache-dir", default=os.path.join(ROOT, "benchmarks", ".cache"),
-                        help="where computed features are saved and reused (git-ignored)")
+    parser.add_argument(
+        "--cache-dir",
+        default=os.path.join(ROOT, "benchmarks", ".cache"),
+        help="where computed features are saved and reused (git-ignored)",
+    )
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "clustering_ni.json"))
     args = parser.parse_args()
 
@@ -178,11 +182,22 @@ def main() -> None:
     for pca_dim, min_cluster_size, min_samples, policy in itertools.product(
         (8, 16, 32, None), (None, 10, 20), (1, 5), ("assign", "own_cluster")
     ):
-        config = ClusterSelectConfig(pca_dim=pca_dim, hdbscan_min_cluster_size=min_cluster_size,
-                                     hdbscan_min_samples=min_samples, noise_policy=policy)
+        config = ClusterSelectConfig(
+            pca_dim=pca_dim,
+            hdbscan_min_cluster_size=min_cluster_size,
+            hdbscan_min_samples=min_samples,
+            noise_policy=policy,
+        )
         row, _ = evaluate(features, truth, config)
-        sweep.append({"pca_dim": pca_dim, "hdbscan_min_cluster_size": min_cluster_size or "auto",
-                      "hdbscan_min_samples": min_samples, "noise_policy": policy, **row})
+        sweep.append(
+            {
+                "pca_dim": pca_dim,
+                "hdbscan_min_cluster_size": min_cluster_size or "auto",
+                "hdbscan_min_samples": min_samples,
+                "noise_policy": policy,
+                **row,
+            }
+        )
     references = {}
     for name, config in {
         "kmeans_true_k16_pca16": ClusterSelectConfig(cluster_method="kmeans", kmeans_n_clusters=len(names)),
@@ -190,6 +205,40 @@ def main() -> None:
         "paper_kmeans_k8_cap1.5_no_pca": ClusterSelectConfig.paper(kmeans_n_clusters=8),
     }.items():
         references[name], _ = evaluate(features, truth, config)
+
+    # Is a sweep winner robust? Re-cluster 10 seeded subsamples (75% of each skill) under a few settings.
+    rng = np.random.default_rng(args.seed + 1)
+    draws = [
+        np.sort(
+            np.concatenate(
+                [
+                    rng.choice(np.flatnonzero(truth == k), size=int(0.75 * (truth == k).sum()), replace=False)
+                    for k in np.unique(truth)
+                ]
+            )
+        )
+        for _ in range(10)
+    ]
+    stability = {}
+    for pca_dim, min_cluster_size in itertools.product((8, 16, 32, None), (None, 10, 20)):
+        config = ClusterSelectConfig(pca_dim=pca_dim, hdbscan_min_cluster_size=min_cluster_size)
+        scores = [evaluate(features[d], truth[d], config)[0]["ari"] for d in draws]
+        stability[f"pca{pca_dim}_mcs{min_cluster_size or 'auto'}"] = {
+            "ari_mean": round(float(np.mean(scores)), 4),
+            "ari_sd": round(float(np.std(scores)), 4),
+            "ari_min": round(float(np.min(scores)), 4),
+        }
+    scores = [
+        evaluate(features[d], truth[d], ClusterSelectConfig(cluster_method="kmeans", kmeans_n_clusters=len(names)))[0][
+            "ari"
+        ]
+        for d in draws
+    ]
+    stability["kmeans_true_k"] = {
+        "ari_mean": round(float(np.mean(scores)), 4),
+        "ari_sd": round(float(np.std(scores)), 4),
+        "ari_min": round(float(np.min(scores)), 4),
+    }
 
     selections = {}
     for within in ("peripheral", "central", "random"):
@@ -206,23 +255,33 @@ def main() -> None:
         "feature_dim": int(features.shape[1]),
         "skills": names,
         "source": source,
-        "default_config": {"pca_dim": default.pca_dim, "hdbscan_min_cluster_size": "auto",
-                           "hdbscan_min_samples": default.resolved_min_samples(), "noise_policy": default.noise_policy},
+        "default_config": {
+            "pca_dim": default.pca_dim,
+            "hdbscan_min_cluster_size": "auto",
+            "hdbscan_min_samples": default.resolved_min_samples(),
+            "noise_policy": default.noise_policy,
+        },
         "default": default_row,
         "best_in_sweep": best,
         "references": references,
+        "stability_10_subsamples_75pct": stability,
         "selection_at_0.3_with_default_clusters": selections,
         "sweep": sweep,
-        "environment": {"python": platform.python_version(), "numpy": np.__version__,
-                        "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
+        "environment": {
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        },
     }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as handle:
         json.dump(report, handle, indent=2)
-    print(f"default: ARI {default_row['ari']} NMI {default_row['nmi']} clusters {default_row['n_clusters']} "
-          f"noise {default_row['noise_fraction']}; best in sweep: ARI {best['ari']} "
-          f"(pca {best['pca_dim']}, mcs {best['hdbscan_min_cluster_size']}, ms {best['hdbscan_min_samples']}, "
-          f"{best['noise_policy']}); wrote {args.out}")
+    print(
+        f"default: ARI {default_row['ari']} NMI {default_row['nmi']} clusters {default_row['n_clusters']} "
+        f"noise {default_row['noise_fraction']}; best in sweep: ARI {best['ari']} "
+        f"(pca {best['pca_dim']}, mcs {best['hdbscan_min_cluster_size']}, ms {best['hdbscan_min_samples']}, "
+        f"{best['noise_policy']}); wrote {args.out}"
+    )
 
 
 if __name__ == "__main__":

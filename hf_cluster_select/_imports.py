@@ -16,14 +16,15 @@ def require_hdbscan() -> ModuleType:
     Returns:
         `ModuleType`: the imported `hdbscan` module.
     Raises:
-        ImportError: if `hdbscan` is not installed or fails to import (often a compiled extension built against
-            another numpy), with instructions to fix it and the `cluster_method="kmeans"` fallback.
+        ImportError: if `hdbscan` is not installed or fails to import with any exception (often a compiled
+            extension built against another numpy), with instructions to fix it and the `cluster_method="kmeans"`
+            fallback.
     """
     try:
         return importlib.import_module("hdbscan")
     except ImportError as error:  # missing package, or a broken compiled extension
         detail = f"{type(error).__name__}: {error}"
-    except ValueError as error:  # e.g. "numpy.dtype size changed, may indicate binary incompatibility"
+    except Exception as error:  # e.g. ValueError "numpy.dtype size changed, may indicate binary incompatibility"
         detail = f"{type(error).__name__}: {error}"
     raise ImportError(
         "hf_cluster_select needs the `hdbscan` package for cluster_method='hdbscan' but could not import it "

@@ -7,6 +7,10 @@ from typing import Any
 
 import numpy as np
 
+# Raw labels of examples kept out of clustering (HDBSCAN noise is -1). See `clustering.cluster_features`.
+NONFINITE_LABEL = -2  # the feature row held NaN/inf (e.g. an fp16 overflow)
+NO_LOSS_LABEL = -3  # the example has no loss-bearing token (every label -100), so its feature is meaningless
+
 
 @dataclass(frozen=True)
 class ClusteringResult:
@@ -15,7 +19,9 @@ class ClusteringResult:
     Attributes:
         labels (`np.ndarray` of shape `[n_examples]`, int64): cluster of every example after the noise policy,
             in `0..n_clusters-1` (no -1 left).
-        raw_labels (`np.ndarray` of shape `[n_examples]`, int64): the clusterer's own labels, -1 = HDBSCAN noise.
+        raw_labels (`np.ndarray` of shape `[n_examples]`, int64): the clusterer's own labels, -1 = HDBSCAN noise,
+            `NONFINITE_LABEL` (-2) = non-finite feature row, `NO_LOSS_LABEL` (-3) = no loss-bearing token (both kept
+            out of clustering).
         reduced (`np.ndarray` of shape `[n_examples, reduced_dim]`, float32): the L2-normalised, PCA-reduced
             features the clusterer saw (used for centroid distances in selection).
         n_clusters (`int`): number of distinct values in `labels`.
@@ -37,6 +43,16 @@ class ClusteringResult:
     def n_noise(self) -> int:
         """Number of examples the clusterer labelled noise (-1)."""
         return int((self.raw_labels == -1).sum())
+
+    @property
+    def n_nonfinite(self) -> int:
+        """Number of examples whose feature row held NaN/inf (kept out of clustering, never dropped)."""
+        return int((self.raw_labels == NONFINITE_LABEL).sum())
+
+    @property
+    def n_no_loss(self) -> int:
+        """Number of examples without any loss-bearing token (kept out of clustering, selected last)."""
+        return int((self.raw_labels == NO_LOSS_LABEL).sum())
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
+from .balance import TokenBalanceMeter
+
 REPORT_FILENAME = "selection_report.json"
 PLOT_FILENAME = "cluster_sizes.png"
 
@@ -27,6 +29,11 @@ class ClusterSelectCallback(TrainerCallback, ExportableState):
     `warmup_seconds` (optimizer steps on the full data), `features_seconds`, `clustering_seconds` (clustering and
     choosing the subset), `training_seconds` (optimizer steps on the subset).
 
+    Token balance: `token_meter` (`TokenBalanceMeter`) counts the padded tokens of every trained micro-batch (the
+    trainer calls `record_tokens` from `compute_loss`) and exchanges the per-rank totals at every optimizer step
+    (`on_step_end`, all ranks); the trainer adds its means to each training log as
+    `cluster_select/max_tokens_per_rank`, `cluster_select/mean_tokens_per_rank`, `cluster_select/max_over_mean_tokens`.
+
     Args:
         trainer (`ClusterTrainer`, *optional*): the trainer it reports on; re-attached by the trainer on resume.
     """
@@ -37,6 +44,7 @@ class ClusterSelectCallback(TrainerCallback, ExportableState):
         self.trainer = trainer
         self.seconds: dict[str, float] = {}
         self._started: dict[str, float] = {}
+        self.token_meter = TokenBalanceMeter()
 
     # ---- timing -------------------------------------------------------------------------------------------
     def start(self, phase: str) -> None:
@@ -71,7 +79,26 @@ class ClusterSelectCallback(TrainerCallback, ExportableState):
         """`ExportableState`: the seconds measured so far, saved in every checkpoint's trainer state."""
         return {"args": {}, "attributes": {"seconds": self.snapshot()}}
 
+    # ---- token balance ------------------------------------------------------------------------------------
+    def record_tokens(self, tokens: int) -> None:
+        """Count one trained micro-batch of `tokens` padded tokens on this rank."""
+        self.token_meter.add(tokens)
+
+    def token_metrics(self) -> dict[str, float]:
+        """Token-balance means since the last call (empty if no optimizer step ended since)."""
+        return self.token_meter.pop_metrics()
+
     # ---- Trainer events -----------------------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, **kwargs):
+        """Start token counting afresh."""
+        self.token_meter.reset()
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        """Close the step's token count: one tiny all-gather of per-rank totals (every rank reaches this hook)."""
+        self.token_meter.end_step()
+        return control
+
     def on_save(self, args, state, control, **kwargs):
         """Write the selection next to the checkpoint just saved (rank 0; atomic)."""
         if self.trainer is not None and state.is_world_process_zero:

@@ -4,7 +4,9 @@
 HDBSCAN (Campello, Moulavi & Sander, PAKDD 2013; the `hdbscan` package of McInnes, Healy & Astels, JOSS 2017), or with
 KMeans capped in cluster size as in CluSTER (Kim et al., EMNLP 2026). Whatever the input, it returns a partition with
 contiguous labels `0..K-1` and no empty cluster; degenerate inputs are repaired and the repair is named in
-`ClusteringResult.fallback`.
+`ClusteringResult.fallback`. Rows that cannot be clustered — non-finite features (NaN/inf, e.g. an fp16 overflow) and
+examples without any loss-bearing token — are kept out of clustering but never dropped: each kind forms a group of
+its own (see `cluster_features`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ._imports import require_hdbscan
-from ._types import ClusteringResult
+from ._types import NO_LOSS_LABEL, NONFINITE_LABEL, ClusteringResult
 from .config import ClusterSelectConfig
 
 # HDBSCAN's `algorithm="generic"` (a dense float64 distance matrix, n² · 8 bytes) beat the tree algorithms on
@@ -29,7 +31,7 @@ AUTO_MIN_POINTS = 5
 
 
 def _as_float_matrix(features: Any) -> np.ndarray:
-    """`features` as a float64 `[n, dim]` array, validated."""
+    """`features` as a float64 `[n, dim]` array, validated (NaN/inf are allowed here; see `_screen_rows`)."""
     if hasattr(features, "detach"):  # torch.Tensor, without importing torch
         features = features.detach().cpu().double().numpy()
     array = np.asarray(features)
@@ -39,15 +41,24 @@ def _as_float_matrix(features: Any) -> np.ndarray:
         raise ValueError(f"`features` must be 2-D `[n_examples, dim]`, got shape {tuple(array.shape)}.")
     if array.shape[0] == 0 or array.shape[1] == 0:
         raise ValueError(f"`features` must have at least one example and one dimension, got shape {array.shape}.")
-    array = array.astype(np.float64)
-    bad = ~np.isfinite(array)
-    if bad.any():
-        rows = int(bad.any(axis=1).sum())
-        raise ValueError(
-            f"`features` holds {int(np.isnan(array).sum())} NaN and {int(np.isinf(array).sum())} inf values "
-            f"in {rows} of {array.shape[0]} rows; fix the feature extraction (e.g. an fp16 overflow) first."
-        )
-    return array
+    return array.astype(np.float64)
+
+
+def _screen_rows(x: np.ndarray, loss_tokens: Any) -> np.ndarray:
+    """Status of every row: 0 = clusterable, `NO_LOSS_LABEL` (no loss-bearing token; takes precedence) or
+    `NONFINITE_LABEL` (a NaN/inf value)."""
+    status = np.where(np.isfinite(x).all(axis=1), 0, NONFINITE_LABEL).astype(np.int64)
+    if loss_tokens is not None:
+        if hasattr(loss_tokens, "detach"):
+            loss_tokens = loss_tokens.detach().cpu().numpy()
+        tokens = np.asarray(loss_tokens).reshape(-1) if np.ndim(loss_tokens) else np.asarray([loss_tokens])
+        if tokens.shape[0] != x.shape[0] or not np.issubdtype(tokens.dtype, np.number) or (tokens < 0).any():
+            raise ValueError(
+                f"`loss_tokens` must hold {x.shape[0]} non-negative counts (one per example), got shape "
+                f"{tuple(tokens.shape)}, dtype {tokens.dtype}."
+            )
+        status[tokens == 0] = NO_LOSS_LABEL
+    return status
 
 
 def _l2_normalise(x: np.ndarray) -> np.ndarray:
@@ -82,13 +93,13 @@ def _run_hdbscan(points: np.ndarray, min_cluster_size: int, min_samples: int) ->
     hdbscan = require_hdbscan()
     n, dim = points.shape
     algorithm = "generic" if dim >= GENERIC_MIN_DIM and n <= GENERIC_MAX_POINTS else "prims_kdtree"
-    kwargs = dict(
-        min_cluster_size=min_cluster_size,
-        min_samples=min_samples,
-        prediction_data=True,
-        core_dist_n_jobs=1,
-        algorithm=algorithm,
-    )
+    kwargs = {
+        "min_cluster_size": min_cluster_size,
+        "min_samples": min_samples,
+        "prediction_data": True,
+        "core_dist_n_jobs": 1,
+        "algorithm": algorithm,
+    }
     clusterer = hdbscan.HDBSCAN(**kwargs).fit(points)
     single = False
     if (clusterer.labels_ < 0).all():
@@ -225,7 +236,9 @@ def _cluster_kmeans(
     return _capacity_assign(reduced[inverse], kmeans.cluster_centers_, capacity), fallback, params
 
 
-def cluster_features(features: Any, config: ClusterSelectConfig, *, world_size: int = 1) -> ClusteringResult:
+def cluster_features(
+    features: Any, config: ClusterSelectConfig, *, world_size: int = 1, loss_tokens: Any = None
+) -> ClusteringResult:
     """Partition examples by their learning-effect features.
 
     Rows are L2-normalised (zero rows stay zero), identical rows are merged (they share a label), and the distinct
@@ -243,33 +256,96 @@ def cluster_features(features: Any, config: ClusterSelectConfig, *, world_size: 
     Degenerate inputs (all noise, one distinct row, fewer distinct rows than `min_cluster_size`) yield one cluster
     and a `fallback` note instead of an error. The result is deterministic for a given `config.seed`.
 
+    Rows that cannot be clustered are screened out first and never dropped: a row holding NaN/inf (raw label
+    `NONFINITE_LABEL` = -2) and, when `loss_tokens` is given, an example with 0 loss-bearing tokens (raw label
+    `NO_LOSS_LABEL` = -3; its feature is a zero vector that means nothing). Each kind forms one extra group after
+    the clusters (`labels` K, K+1), or joins the smallest cluster when `config.allocation == "paper"` (CluSTER's
+    allocation needs exactly one cluster per rank). Their `reduced` rows are zeros; `fallback` says how many there
+    were and `params` counts them (`n_nonfinite_features`, `n_no_loss_tokens`). `selection.select_subset` keeps the
+    non-finite group like any cluster and keeps no-loss examples only when the budget cannot be filled without them.
+
     Args:
         features (`np.ndarray` or `torch.Tensor` of shape `[n_examples, dim]`): per-example feature vectors.
         config (`ClusterSelectConfig`): clustering settings (`cluster_method`, `pca_dim`, `hdbscan_*`,
             `noise_policy`, `kmeans_*`, `seed`).
         world_size (`int`, *optional*, defaults to `1`): number of data-parallel ranks (KMeans' default K).
+        loss_tokens (array-like of shape `[n_examples]`, int, *optional*): loss-bearing tokens of every example
+            (`FeatureOutput.loss_tokens`); examples with 0 are kept out of clustering.
     Returns:
-        `ClusteringResult`: `labels` `[n_examples]` in `0..K-1`, HDBSCAN's `raw_labels` (-1 = noise; for KMeans
-        equal to `labels`), float32 `reduced` `[n_examples, reduced_dim]`, and `params` with the resolved
-        `min_cluster_size`, `min_samples`, `pca_dim`, `n_unique` and `seconds` (wall-clock).
+        `ClusteringResult`: `labels` `[n_examples]` in `0..K-1`, HDBSCAN's `raw_labels` (-1 = noise, -2 / -3 =
+        screened out; for KMeans equal to `labels` elsewhere), float32 `reduced` `[n_examples, reduced_dim]`, and
+        `params` with the resolved `min_cluster_size`, `min_samples`, `pca_dim`, `n_unique` (of the clustered rows),
+        `n_nonfinite_features`, `n_no_loss_tokens` and `seconds` (wall-clock).
     Raises:
-        ValueError: if `features` is not 2-D, is empty, or holds NaN/inf; or if `world_size` < 1.
+        ValueError: if `features` is not 2-D or is empty, `loss_tokens` does not hold one count per row, or
+            `world_size` < 1.
         ImportError: if `cluster_method="hdbscan"` and the `hdbscan` package cannot be imported.
     """
     start = time.perf_counter()
     if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
         raise ValueError(f"`world_size` must be an int >= 1, got {world_size!r}.")
-    x = _l2_normalise(_as_float_matrix(features))
+    x = _as_float_matrix(features)
+    status = _screen_rows(x, loss_tokens)
+    usable = np.flatnonzero(status == 0)
+    if usable.size:
+        labels_u, raw_u, reduced_u, fallback, params = _cluster_rows(_l2_normalise(x[usable]), config, int(world_size))
+    else:
+        labels_u, raw_u, reduced_u = (np.zeros(0, dtype=np.int64),) * 2 + (np.zeros((0, 1)),)
+        fallback, params = "no example has finite features and loss-bearing tokens", {"pca_dim": None, "n_unique": 0}
+    labels, raw_labels, reduced, notes = _place_unclustered(status, usable, labels_u, raw_u, reduced_u, config)
+    if notes:
+        fallback = "; ".join(([fallback] if fallback else []) + notes)
+    params["n_nonfinite_features"] = int((status == NONFINITE_LABEL).sum())
+    params["n_no_loss_tokens"] = int((status == NO_LOSS_LABEL).sum())
+    params["seconds"] = time.perf_counter() - start
+    return ClusteringResult(
+        labels=labels,
+        raw_labels=raw_labels,
+        reduced=reduced.astype(np.float32),
+        n_clusters=int(labels.max()) + 1,
+        method=config.cluster_method,
+        fallback=fallback,
+        params=params,
+    )
+
+
+def _place_unclustered(
+    status: np.ndarray, usable: np.ndarray, labels_u: np.ndarray, raw_u: np.ndarray, reduced_u: np.ndarray,
+    config: ClusterSelectConfig,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """Full-size labels, raw labels and reduced rows (zeros for unclustered rows), and notes on the placement."""
+    n_total = status.size
+    labels, raw = np.zeros(n_total, dtype=np.int64), status.copy()
+    reduced = np.zeros((n_total, reduced_u.shape[1]), dtype=np.float64)
+    labels[usable], raw[usable], reduced[usable] = labels_u, raw_u, reduced_u
+    n_clusters = int(labels_u.max()) + 1 if usable.size else 0
+    smallest = int(np.argmin(np.bincount(labels_u, minlength=n_clusters))) if n_clusters else 0
+    notes = []
+    for kind, what in ((NONFINITE_LABEL, "non-finite (NaN/inf) features"), (NO_LOSS_LABEL, "no loss-bearing token")):
+        rows = status == kind
+        if not rows.any():
+            continue
+        if config.allocation == "paper" and n_clusters:  # CluSTER's allocation needs exactly K clusters
+            labels[rows], where = smallest, f"joined the smallest cluster ({smallest}; allocation='paper')"
+        else:
+            labels[rows], where = n_clusters, f"form group {n_clusters} of their own"
+            n_clusters += 1
+        notes.append(f"{int(rows.sum())} examples with {what} were kept out of clustering and {where}")
+    return labels, raw, reduced, notes
+
+
+def _cluster_rows(
+    x: np.ndarray, config: ClusterSelectConfig, world_size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, str | None, dict[str, Any]]:
+    """Cluster L2-normalised finite rows `x` `[n, dim]`: (labels 0..K-1, raw labels, reduced float64, fallback, params)."""
     n_total = x.shape[0]
     # Merge rows equal to float32 precision: exact duplicates make HDBSCAN's lambdas infinite.
-    unique_rows, inverse, counts = np.unique(
-        x.astype(np.float32), axis=0, return_inverse=True, return_counts=True
-    )
+    unique_rows, inverse, counts = np.unique(x.astype(np.float32), axis=0, return_inverse=True, return_counts=True)
     inverse = inverse.reshape(-1)
     reduced, pca_used = _pca(unique_rows.astype(np.float64), config.pca_dim, config.seed)
     params: dict[str, Any] = {"pca_dim": pca_used, "n_unique": int(unique_rows.shape[0])}
     if config.cluster_method == "kmeans":
-        labels, fallback, extra = _cluster_kmeans(reduced, counts, inverse, config, int(world_size))
+        labels, fallback, extra = _cluster_kmeans(reduced, counts, inverse, config, world_size)
         raw_labels = None
     else:
         labels_u, raw_u, fallback, extra = _cluster_hdbscan(reduced, counts, n_total, config)
@@ -280,13 +356,4 @@ def cluster_features(features: Any, config: ClusterSelectConfig, *, world_size: 
     if raw_labels is None:
         raw_labels = labels.copy()
     params.update(extra)
-    params["seconds"] = time.perf_counter() - start
-    return ClusteringResult(
-        labels=labels,
-        raw_labels=raw_labels.astype(np.int64),
-        reduced=reduced[inverse].astype(np.float32),
-        n_clusters=int(labels.max()) + 1,
-        method=config.cluster_method,
-        fallback=fallback,
-        params=params,
-    )
+    return labels, raw_labels.astype(np.int64), reduced[inverse], fallback, params

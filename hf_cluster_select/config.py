@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 FEATURES = ("last_layer_grad",)
+FEATURE_CONTEXTS = ("full", "loss_tokens")
 CLUSTER_METHODS = ("hdbscan", "kmeans")
 NOISE_POLICIES = ("assign", "own_cluster")
 WITHIN_CLUSTER = ("peripheral", "central", "random")
@@ -48,6 +49,14 @@ class ClusterSelectConfig:
     feature: str = field(
         default="last_layer_grad",
         metadata={"help": "Per-example learning-effect signal.", "choices": _choices(FEATURES)},
+    )
+    feature_context: str = field(
+        default="full",
+        metadata={
+            "help": "What causal-LM features see: 'full' = the whole example, pooled over loss-bearing tokens only "
+            "(CluSTER); 'loss_tokens' = the loss-bearing tokens alone, so prompts do not affect the features.",
+            "choices": _choices(FEATURE_CONTEXTS),
+        },
     )
     projection_dim: int | None = field(
         default=None,
@@ -111,7 +120,7 @@ class ClusterSelectConfig:
         default="balanced",
         metadata={
             "help": "'balanced' = every micro-step mixes clusters in proportion and balances tokens; 'paper' = "
-            "CluSTER's one cluster per rank.",
+            "CluSTER's one cluster per rank, loss × K·|C_k|/N per rank, selection before training (warmup_steps 0).",
             "choices": _choices(ALLOCATIONS),
         },
     )
@@ -149,6 +158,7 @@ class ClusterSelectConfig:
             raise ValueError(f"`kmeans_size_cap` must be >= 1.0 or None, got {self.kmeans_size_cap}.")
         for name, allowed in (
             ("feature", FEATURES),
+            ("feature_context", FEATURE_CONTEXTS),
             ("cluster_method", CLUSTER_METHODS),
             ("noise_policy", NOISE_POLICIES),
             ("within_cluster", WITHIN_CLUSTER),
@@ -157,6 +167,11 @@ class ClusterSelectConfig:
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"`{name}` must be one of {list(allowed)}, got {getattr(self, name)!r}.")
+        if self.allocation == "paper" and self.warmup_steps not in (None, 0):
+            raise ValueError(
+                f"`allocation`='paper' selects before training (CluSTER; its batch count depends on the cluster sizes), "
+                f"so `warmup_steps` must be 0 or None, got {self.warmup_steps}."
+            )
         if not isinstance(self.balance_tokens, bool):
             raise TypeError(f"`balance_tokens` must be a bool, got {self.balance_tokens!r}.")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):

@@ -64,7 +64,8 @@ def example_lengths(dataset: Any, key: str = "input_ids") -> np.ndarray:
     Returns:
         `np.ndarray` of shape `[n_examples]`, int64, every entry >= 1.
     Raises:
-        ValueError: if examples have no `key` column (the dataset is not tokenized).
+        ValueError: if examples are not dicts or have no `key` column (the dataset is not tokenized); the message
+            lists the columns found.
     """
     column_names = getattr(dataset, "column_names", None)
     if column_names is not None:
@@ -78,9 +79,54 @@ def example_lengths(dataset: Any, key: str = "input_ids") -> np.ndarray:
         lengths = []
         for i in range(len(dataset)):
             example = dataset[i]
+            if not hasattr(example, "keys"):
+                raise ValueError(
+                    f"example {i} of `train_dataset` is a {type(example).__name__}, not a dict of features with a "
+                    f"{key!r} entry; tokenize the data first (e.g. `datasets.Dataset.map(tokenize)`)."
+                )
             if key not in example:
                 raise ValueError(
                     f"example {i} of `train_dataset` has no {key!r} (keys found: {sorted(example)}); tokenize it first."
                 )
             lengths.append(len(example[key]))
     return np.maximum(np.asarray(lengths, dtype=np.int64), 1)
+
+
+class LossTokensCollator:
+    """Builds each example from its loss-bearing tokens alone before calling `collator`, for causal LMs.
+
+    Example `i` becomes `input_ids = [bos] + c_i`, `labels = [-100] + c_i`, where `c_i` are the tokens of
+    `input_ids` whose label is not -100 (in order; several assistant turns are joined). The prompt then takes no part
+    in the forward pass, so two examples with the same loss-bearing tokens get the same features whatever their
+    prompts. Without `bos_token_id`, the first loss-bearing token is the context of the rest and is not scored itself.
+    Examples without `labels` (every token carries loss) or with no loss-bearing token pass through unchanged.
+
+    Args:
+        collator (`Callable[[list[dict]], dict]`): the trainer's data collator (pads `input_ids` and `labels`).
+        bos_token_id (`int`, *optional*): token put before the loss-bearing tokens.
+    """
+
+    def __init__(self, collator: Callable[[list[dict]], dict], bos_token_id: int | None = None) -> None:
+        self.collator = collator
+        self.bos_token_id = bos_token_id
+
+    def __call__(self, examples: list[dict]) -> dict:
+        prefix = [] if self.bos_token_id is None else [int(self.bos_token_id)]
+        rebuilt = []
+        for example in examples:
+            labels = example.get("labels")
+            if labels is None or isinstance(labels, (int, np.integer)):
+                rebuilt.append(example)
+                continue
+            labels = [int(x) for x in (labels.tolist() if hasattr(labels, "tolist") else labels)]
+            ids = example["input_ids"]
+            ids = [int(x) for x in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+            kept = [token for token, label in zip(ids, labels) if label != -100]
+            if not kept or len(labels) != len(ids):
+                rebuilt.append(example)
+                continue
+            short = {"input_ids": prefix + kept, "labels": [-100] * len(prefix) + kept}
+            if "attention_mask" in examples[0]:
+                short["attention_mask"] = [1] * len(short["input_ids"])
+            rebuilt.append(short)
+        return self.collator(rebuilt)

@@ -116,6 +116,25 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
+def gather_floats(values: Sequence[float]) -> torch.Tensor:
+    """All-gather a few numbers from every rank (one small collective; every rank must call it with as many values).
+
+    Args:
+        values (sequence of `float`, length `k`): this rank's numbers (e.g. padded tokens processed in one step).
+    Returns:
+        `torch.Tensor` of shape `[world_size, k]`, float64, on CPU: row `r` holds rank `r`'s values (one row
+        without a process group).
+    """
+    local = torch.as_tensor([float(v) for v in values], dtype=torch.float64).reshape(1, -1)
+    if not is_distributed():
+        return local
+    device = _communication_device()
+    local = local.to(device)
+    rows = [torch.zeros_like(local) for _ in range(world_size())]
+    dist.all_gather(rows, local)
+    return torch.cat(rows).cpu()
+
+
 def barrier() -> None:
     """Wait for every rank (no-op without a process group)."""
     if is_distributed():

@@ -25,16 +25,17 @@ from . import distributed
 from .callbacks import PLOT_FILENAME, ClusterSelectCallback
 from .clustering import cluster_features
 from .config import ClusterSelectConfig
-from .data import IndexCollator, IndexedDataset, INDEX_KEY, example_lengths
+from .data import IndexCollator, IndexedDataset, INDEX_KEY, LossTokensCollator, example_lengths
 from .features.last_layer_grad import last_layer_grad_features
 from .features.projection import RandomProjection
 from .model_card import write_model_card
-from .persistence import data_fingerprint, load_selection, save_selection
+from .persistence import data_fingerprint, load_selection, resolve_resume_checkpoint, save_selection
 from .plots import plot_cluster_sizes
 from .report import SelectionReport
 from .sampler import ClusterBatchSampler
 from .schedule import StepPlan, plan_steps
 from .selection import select_subset, selection_budget
+from .validation import check_loss_tokens, check_training_inputs
 from .weighting import weighted_loss
 
 
@@ -47,7 +48,10 @@ class ClusterSelectMixin:
     Raises:
         TypeError: if `cluster_config` is not a `ClusterSelectConfig`.
         ValueError: from `train()`, before any model work, for a dataset without `__len__`, an empty dataset, a
-            dataset or subset smaller than one global batch, or `warmup_steps` not below the planned steps.
+            dataset or subset smaller than one global batch, `warmup_steps` not below the planned steps, examples
+            without the columns the collator needs, no loss-bearing label at all, or an incomplete checkpoint to
+            resume from (see `validation.py`, `persistence.resolve_resume_checkpoint`).
+        ImportError: from `train()`, before any model work, if `cluster_method="hdbscan"` and `hdbscan` is broken.
     """
 
     def __init__(self, *args: Any, cluster_config: ClusterSelectConfig | None = None, **kwargs: Any) -> None:
@@ -65,6 +69,11 @@ class ClusterSelectMixin:
         self._cs_loss_weights: torch.Tensor | None = None
         self._cs_selected_loader: DataLoader | None = None
         self._cs_resume_from: str | None = None
+        self._cs_warmup_sampler: ClusterBatchSampler | None = None
+        self._cs_selected_sampler: ClusterBatchSampler | None = None
+        self._cs_plan_fixed = False  # True once the LR schedule's length is handed to the Trainer
+        self._cs_defer_log = False  # selection before the training state exists: log it when the loop starts
+        self._cs_pending_log: dict | None = None
         super().__init__(*args, **kwargs)
         self.cluster_callback = ClusterSelectCallback(self)
         self.add_callback(self.cluster_callback)
@@ -89,6 +98,8 @@ class ClusterSelectMixin:
 
     def _cs_resolve_warmup_steps(self, n: int, n_kept: int) -> int:
         config, args = self.cluster_config, self.args
+        if config.allocation == "paper":  # CluSTER selects before training (config.__post_init__ allows only 0)
+            return 0
         if config.warmup_steps is not None:
             return config.warmup_steps
         lr_warmup = args.warmup_steps
@@ -123,6 +134,11 @@ class ClusterSelectMixin:
         """
         n = self._cs_check_dataset(self.train_dataset)
         n_kept = selection_budget(n, self.cluster_config.data_fraction)
+        if self.cluster_config.feature_context == "loss_tokens" and not self._cs_is_causal_lm():
+            raise ValueError(
+                "`feature_context='loss_tokens'` applies to causal language models (labels aligned with "
+                f"`input_ids`); {type(self.model).__name__} is not one. Use `feature_context='full'`."
+            )
         self._cs_lengths = example_lengths(self.train_dataset)
         self.step_plan = plan_steps(
             n_examples=n,
@@ -131,6 +147,12 @@ class ClusterSelectMixin:
             num_train_epochs=self.args.num_train_epochs,
             max_steps=self.args.max_steps,
             **self._cs_geometry(),
+        )
+        dataset, collator = self._cs_training_view()  # hdbscan importable, collator works, some label bears a loss
+        check_training_inputs(
+            dataset, collator, self.cluster_config, label_names=self.label_names,
+            needs_labels=not (self.can_return_loss or self.compute_loss_func is not None),
+            shift_labels=not getattr(getattr(self.model, "config", None), "is_encoder_decoder", False),
         )
         return self.step_plan
 
@@ -141,6 +163,12 @@ class ClusterSelectMixin:
             ValueError: see the class docstring.
         """
         self.plan()
+        # True → the newest *complete* checkpoint (a run killed while saving leaves an incomplete one); resolved here
+        # too because the paper allocation reads it before the loop
+        resume_from_checkpoint = resolve_resume_checkpoint(
+            resume_from_checkpoint, self.args.output_dir, self.step_plan.warmup_steps
+        )
+        self._cs_resume_from = resume_from_checkpoint
         return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
 
     # ---- dataloaders --------------------------------------------------------------------------------------
@@ -157,6 +185,22 @@ class ClusterSelectMixin:
         else:
             collator = self._get_collator_with_removed_columns(collator, description="Training")
         return dataset, collator
+
+    def _cs_feature_view(self) -> tuple[Dataset, Any]:
+        """Dataset and collator the features are computed from: the training view; with
+        `feature_context="loss_tokens"`, each example cut down to its loss-bearing tokens (`LossTokensCollator`)."""
+        dataset, collator = self._cs_training_view()
+        if self.cluster_config.feature_context == "loss_tokens":
+            config = getattr(self.accelerator.unwrap_model(self.model), "config", None)
+            if config is not None and callable(getattr(config, "get_text_config", None)):
+                config = config.get_text_config()
+            collator = LossTokensCollator(collator, bos_token_id=getattr(config, "bos_token_id", None))
+        return dataset, collator
+
+    def _cs_is_causal_lm(self) -> bool:
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        base = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped
+        return base._get_name() in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
 
     def _cs_build_loader(self, batch_sampler: ClusterBatchSampler) -> DataLoader:
         dataset, collator = self._cs_training_view()
@@ -189,12 +233,20 @@ class ClusterSelectMixin:
             window=self.cluster_config.balance_window,
             num_batches=num_batches,
         )
+        self._cs_warmup_sampler = sampler
         return self._cs_build_loader(sampler)
 
     # ---- the training loop's private hooks ------------------------------------------------------------------
     def set_initial_training_values(self, args, dataloader):
-        """Trainer hook: report the planned epochs and steps instead of ones derived from `len(dataloader)`."""
+        """Trainer hook: report the planned epochs and steps instead of ones derived from `len(dataloader)`.
+
+        With `allocation="paper"` the subset's batch count depends on the cluster sizes, so selection runs here (or
+        is read from the checkpoint being resumed), before the Trainer sizes its LR schedule from these values."""
         plan = self.step_plan or self.plan()
+        if self.selection is None and self.cluster_config.allocation == "paper":
+            self._cs_select_before_training()
+            plan = self.step_plan
+        self._cs_plan_fixed = True
         total_batch = self.get_total_train_batch_size(args)
         return (
             plan.num_epochs,
@@ -205,6 +257,17 @@ class ClusterSelectMixin:
             plan.selected_batches_per_epoch,
             plan.total_steps,
         )
+
+    def _cs_select_before_training(self) -> None:
+        saved = load_selection(self._cs_resume_from) if self._cs_resume_from else None
+        if saved is not None:
+            self._cs_adopt_saved(saved)
+            return
+        self._cs_defer_log = True  # the Trainer replaces `self.state` next: log once the loop runs
+        try:
+            self.run_selection(self.model)
+        finally:
+            self._cs_defer_log = False
 
     def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial):
         """Trainer hook: place a resumed run in the right logical epoch and reload its saved selection."""
@@ -237,6 +300,14 @@ class ClusterSelectMixin:
             if self.selection is None:
                 self.run_selection(model)
             train_dataloader = self._cs_selected_loader
+        if self._cs_pending_log is not None:
+            pending, self._cs_pending_log = self._cs_pending_log, None
+            self.log(pending)
+        # the Trainer's own set_epoch does not reach a sampler under accelerate's BatchSamplerShard once a resumed
+        # epoch wraps it in SkipBatchSampler (multi-process resume): set the logical epoch on our sampler directly
+        sampler = self._cs_selected_sampler if phase == "training" else self._cs_warmup_sampler
+        if sampler is not None:
+            sampler.set_epoch(epoch)
         steps_in_epoch, num_update_steps_per_epoch = plan.epoch_lengths(epoch)
         self.callback_handler.train_dataloader = train_dataloader
         self.cluster_callback.start(phase)
@@ -259,7 +330,7 @@ class ClusterSelectMixin:
         model = self.accelerator.unwrap_model(model if model is not None else self.model)
         callback = self.cluster_callback
         n = plan.n_examples
-        dataset, collator = self._cs_training_view()
+        dataset, collator = self._cs_feature_view()
         local = distributed.shard_indices(n, self.args.world_size, self.args.process_index)
         callback.start("features")
         projection = None
@@ -278,11 +349,12 @@ class ClusterSelectMixin:
         )
         features = distributed.gather_rows(output.features, local, n)
         loss_tokens = distributed.gather_rows(output.loss_tokens.reshape(-1, 1), local, n).reshape(-1).numpy()
+        check_loss_tokens(loss_tokens)
         callback.stop("features")
         callback.start("clustering")
         payload = None
         if distributed.rank() == 0:
-            result = cluster_features(features.numpy(), config, world_size=plan.world_size)
+            result = cluster_features(features.numpy(), config, world_size=plan.world_size, loss_tokens=loss_tokens)
             chosen = select_subset(result, config)
             report = SelectionReport.from_results(
                 result,
@@ -307,7 +379,11 @@ class ClusterSelectMixin:
         report.selection_seconds = report.features_seconds + report.clustering_seconds
         self.selection_report = report
         self._cs_set_selection(chosen, labels, raw_labels)
-        self.log(self.selection_report.summary_metrics())
+        report.selected_steps = self.step_plan.selected_steps  # re-planned from the paper allocation's real length
+        if self._cs_defer_log:
+            self._cs_pending_log = report.summary_metrics()
+        else:
+            self.log(report.summary_metrics())
 
     def _cs_adopt_saved(self, saved) -> None:
         if saved.fingerprint != data_fingerprint(self._cs_lengths):
@@ -326,7 +402,7 @@ class ClusterSelectMixin:
         self.selection = selection
         self._cs_labels, self._cs_raw_labels = np.asarray(labels), np.asarray(raw_labels)
         weights = torch.zeros(plan.n_examples, dtype=torch.float32)
-        weights[torch.as_tensor(selection.indices)] = torch.as_tensor(selection.loss_weights(), dtype=torch.float32)
+        weights[torch.as_tensor(selection.indices)] = torch.as_tensor(self._cs_kept_loss_weights(), dtype=torch.float32)
         self._cs_loss_weights = weights
         sampler = ClusterBatchSampler(
             indices=selection.indices,
@@ -339,17 +415,46 @@ class ClusterSelectMixin:
             window=config.balance_window,
             allocation=config.allocation,
         )
+        if len(sampler) != plan.selected_batches_per_epoch * plan.world_size and config.allocation == "paper" and (
+            not self._cs_plan_fixed
+        ):  # one cluster per rank: the largest kept cluster sets the batch count; plan the steps from it
+            self.step_plan = plan = plan_steps(
+                n_examples=plan.n_examples,
+                n_kept=plan.n_kept,
+                warmup_steps=plan.warmup_steps,
+                num_train_epochs=self.args.num_train_epochs,
+                max_steps=self.args.max_steps,
+                selected_batches_per_epoch=len(sampler) // plan.world_size,
+                **self._cs_geometry(),
+            )
         if len(sampler) != plan.selected_batches_per_epoch * plan.world_size:
             raise RuntimeError(
                 f"the subset's batch plan has {len(sampler)} batches, the step plan expected "
                 f"{plan.selected_batches_per_epoch * plan.world_size}."
             )
+        self._cs_selected_sampler = sampler
         self._cs_selected_loader = self._cs_build_loader(sampler)
+
+    def _cs_kept_loss_weights(self) -> np.ndarray:
+        """Loss weight of each kept example `[n_kept]`: the selection's per-example weights (mean 1), or with
+        `allocation="paper"` CluSTER's per-rank weight `K·|C_k|/N` (Kim et al., EMNLP 2026) — rank `k` trains only
+        cluster `k`, so every example of a rank's batch carries its cluster's full-data share times `K`."""
+        selection = self.selection
+        if self.cluster_config.allocation != "paper":
+            return selection.loss_weights()
+        clusters, sizes = np.unique(self._cs_labels, return_counts=True)
+        size_of = dict(zip(clusters.tolist(), sizes.tolist()))
+        k, n = self.step_plan.world_size, self.step_plan.n_examples
+        return np.array([k * size_of[int(c)] / n for c in selection.labels], dtype=np.float64)
 
     # ---- weighted loss -------------------------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """Trainer hook: multiply each example's loss by its selection weight (rescaled to mean 1 over the kept
-        set). During warm-up, or when every weight is 1, this is exactly the parent's loss."""
+        set). During warm-up, or when every weight is 1, this is exactly the parent's loss. In training it also
+        counts the batch's padded tokens for the token-balance metrics."""
+        if model.training:
+            tokens = inputs.get("input_ids", inputs.get("attention_mask"))
+            self.cluster_callback.record_tokens(int(tokens.numel()) if isinstance(tokens, torch.Tensor) else 0)
         index = inputs.pop(INDEX_KEY, None)
         weights = None
         if index is not None and self._cs_loss_weights is not None:
@@ -359,9 +464,13 @@ class ClusterSelectMixin:
         labels = inputs.get("labels")
         if weights is None or labels is None or self.label_smoother is not None or self.compute_loss_func is not None:
             return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
-        unwrapped = self.accelerator.unwrap_model(model)
-        base = unwrapped.get_base_model() if hasattr(unwrapped, "get_base_model") else unwrapped
-        causal = base._get_name() in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+        return self._cs_weighted_loss(model, inputs, weights, return_outputs, num_items_in_batch)
+
+    def _cs_weighted_loss(self, model, inputs, weights, return_outputs=False, num_items_in_batch=None):
+        """The loss of a batch whose examples carry selection weights `[batch]` (`compute_loss` with weights ≠ 1):
+        one forward for the logits, then `weighted_loss`. `ClusterSFTTrainer` replaces it with TRL's fused loss."""
+        labels = inputs.get("labels")
+        causal = self._cs_is_causal_lm()
         outputs = model(**{k: v for k, v in inputs.items() if not (causal and k == "labels")})
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
         scaled = self.model_accepts_loss_kwargs and num_items_in_batch is not None
@@ -369,6 +478,15 @@ class ClusterSelectMixin:
         if self.args.average_tokens_across_devices and scaled:
             loss = loss * (self.accelerator.num_processes // self.get_tp_size())
         return (loss, outputs) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        """`Trainer.log`; every training log (the one with `loss`) also gets the token-balance means of the optimizer
+        steps since the previous one: `cluster_select/max_tokens_per_rank`, `cluster_select/mean_tokens_per_rank`
+        (padded tokens per step) and `cluster_select/max_over_mean_tokens`."""
+        callback = getattr(self, "cluster_callback", None)
+        if "loss" in logs and callback is not None:
+            logs.update(callback.token_metrics())
+        super().log(logs, *args, **kwargs)
 
     # ---- report, persistence, model card ------------------------------------------------------------------
     def finalize_selection_report(self, measured_full_seconds: float | None = None) -> SelectionReport:

@@ -114,10 +114,17 @@ def selection_card_section(report: Any, *, plot_filename: str | None = None) -> 
     rows = [
         ("Examples kept", _ratio(r.get("n_kept"), r.get("n_examples"), r.get("fraction_kept")),
          "kept training examples / all training examples"),
+        *([("Dropped before selection", _count(r.get("n_dropped_by_preparation")),
+             "examples data preparation removed because truncation to max_length left no loss-bearing token; "
+             "not counted above")] if r.get("n_dropped_by_preparation") is not None else []),
         ("Tokens kept", _ratio(r.get("tokens_kept"), r.get("tokens_total"), r.get("fraction_tokens_kept")),
          f"{token_kind} in kept examples / in all examples"),
         ("Clusters", _count(r.get("n_clusters")), "groups examples were assigned to after the noise policy"),
         ("Noise points", _count(r.get("n_noise")), "examples the clusterer labelled -1 before assignment"),
+        ("Non-finite features", _count(r.get("n_nonfinite_features", 0)),
+         "examples whose features held NaN/inf: kept out of clustering as a group of their own, never dropped"),
+        ("No loss-bearing tokens", _count(r.get("n_no_loss_tokens", 0)),
+         "examples whose labels are all -100: kept out of clustering, selected only if the budget needs them"),
         ("Clustering method", r.get("clustering_method") or NOT_MEASURED,
          f"fallback: {fallback}" if fallback else "no fallback: the clusterer's result was used as is"),
         ("Batch geometry", geometry, "data-parallel ranks and per-step batch of the training run"),
@@ -133,7 +140,7 @@ def selection_card_section(report: Any, *, plot_filename: str | None = None) -> 
         ("Full-data training time", _seconds(r.get("full_data_seconds")) + _steps(r.get("full_data_steps")),
          basis),
         ("Time saved", saved_text,
-         "full-data training time − total with selection (negative: selection cost more than it saved)"),
+         "full-data training time − total with selection (a negative value: selection cost more than it saved)"),
     ]
     lines = [START_MARKER, HEADING, "",
              "Training examples were chosen by clustering per-example learning-effect features and keeping a "

@@ -3,13 +3,20 @@
 A checkpoint folder gets `cluster_selection.npz`: kept indices, per-example weights, the cluster label and raw
 clusterer label of every example, the config and a fingerprint of the training data. The file is written to a
 temporary name and renamed, so it is either complete or absent, never half-written.
+
+`resolve_resume_checkpoint` picks or checks the checkpoint a run resumes from: transformers writes a checkpoint's
+files in place (`trainer_state.json` last) and our selection after it, so a run killed while saving leaves a
+folder that looks like a checkpoint but is not complete; it is skipped (`True`) or refused (a path).
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
+import logging
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 
@@ -18,6 +25,11 @@ import numpy as np
 from ._types import Selection
 
 SELECTION_FILENAME = "cluster_selection.npz"
+TRAINER_STATE_FILENAME = "trainer_state.json"  # transformers' TRAINER_STATE_NAME, written last into a checkpoint
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+_TMP_PATTERN = ".cluster_selection.*.npz.tmp"
+
+logger = logging.getLogger(__name__)
 
 
 def data_fingerprint(lengths: np.ndarray) -> str:
@@ -84,6 +96,8 @@ def save_selection(
         raise FileNotFoundError(f"`folder` {folder!r} does not exist.")
     meta = json.dumps({"config": config, "fingerprint": fingerprint, "n_total": selection.n_total, "extra": extra or {}})
     path = os.path.join(folder, SELECTION_FILENAME)
+    for stale in glob.glob(os.path.join(glob.escape(folder), _TMP_PATTERN)):  # left by a run killed mid-write
+        os.remove(stale)
     handle, tmp = tempfile.mkstemp(prefix=".cluster_selection.", suffix=".npz.tmp", dir=folder)
     try:
         with os.fdopen(handle, "wb") as f:
@@ -133,3 +147,92 @@ def load_selection(folder: str) -> SavedSelection | None:
         fingerprint=meta["fingerprint"],
         extra=meta.get("extra", {}),
     )
+
+
+def checkpoint_problems(folder: str, warmup_steps: int) -> list[str]:
+    """What a checkpoint folder lacks to be resumed from; empty when it is complete.
+
+    Complete means: `trainer_state.json` readable (transformers writes it after the weights, optimizer, scheduler
+    and RNG state) and, for a checkpoint saved after selection (`global_step > warmup_steps`), a readable
+    `cluster_selection.npz`.
+
+    Args:
+        folder (`str`): a `checkpoint-<step>` folder.
+        warmup_steps (`int`): the run's planned warm-up steps (selection happens right after them).
+    Returns:
+        `list[str]`: one sentence per problem.
+    """
+    state_path = os.path.join(folder, TRAINER_STATE_FILENAME)
+    if not os.path.isdir(folder):
+        return [f"{folder} is not a folder"]
+    try:
+        with open(state_path, encoding="utf-8") as handle:
+            global_step = int(json.load(handle)["global_step"])
+    except FileNotFoundError:
+        return [f"no {TRAINER_STATE_FILENAME} (Trainer writes it last)"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return [f"unreadable {TRAINER_STATE_FILENAME} ({type(error).__name__}: {error})"]
+    if global_step <= warmup_steps:
+        return []
+    try:
+        saved = load_selection(folder)
+    except ValueError as error:
+        return [str(error)]
+    if saved is None:
+        return [f"no {SELECTION_FILENAME} although it was saved after selection (step {global_step} > "
+                f"warmup_steps {warmup_steps})"]
+    return []
+
+
+def resolve_resume_checkpoint(resume_from_checkpoint: str | bool | None, output_dir: str, warmup_steps: int):
+    """The checkpoint to hand to `Trainer.train(resume_from_checkpoint=...)`, never an incomplete one.
+
+    Args:
+        resume_from_checkpoint (`str`, `bool` or `None`): what the user passed; `True` = the latest checkpoint in
+            `output_dir`.
+        output_dir (`str`): `TrainingArguments.output_dir`.
+        warmup_steps (`int`): the run's planned warm-up steps.
+    Returns:
+        `None` for `None`/`False`; for `True`, the newest complete `checkpoint-<step>` folder (incomplete newer ones
+        are skipped with a warning); a complete path unchanged.
+    Raises:
+        ValueError: if `True` finds no checkpoint (transformers' message), or the given path, or every checkpoint in
+            `output_dir` for `True`, is incomplete; the message lists what is missing and the complete checkpoints to
+            use instead.
+    """
+    if resume_from_checkpoint is None or resume_from_checkpoint is False:
+        return None
+    if resume_from_checkpoint is True:
+        names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
+        found = sorted((int(m.group(1)), n) for n in names if (m := _CHECKPOINT.match(n)))
+        skipped = []
+        for _, name in reversed(found):
+            folder = os.path.join(output_dir, name)
+            problems = checkpoint_problems(folder, warmup_steps)
+            if not problems:
+                if skipped:
+                    logger.warning("Resuming from %s; skipped incomplete checkpoints (interrupted while saving?): %s",
+                                   folder, "; ".join(skipped))
+                return folder
+            skipped.append(f"{name}: {', '.join(problems)}")
+        if found:
+            raise ValueError(
+                f"no complete checkpoint in `output_dir` {output_dir!r} to resume from: {'; '.join(skipped)}. "
+                "Start a new run (resume_from_checkpoint=None)."
+            )
+        raise ValueError(f"No valid checkpoint found in output directory ({output_dir})")
+    folder = os.fspath(resume_from_checkpoint)
+    problems = checkpoint_problems(folder, warmup_steps) if os.path.isdir(folder) else []
+    if problems:
+        parent = os.path.dirname(os.path.abspath(folder))
+        complete = sorted(
+            (n for n in os.listdir(parent) if _CHECKPOINT.match(n) and n != os.path.basename(folder)
+             and not checkpoint_problems(os.path.join(parent, n), warmup_steps)),
+            key=lambda n: int(n.split("-")[1]),
+        )
+        raise ValueError(
+            f"`resume_from_checkpoint` {folder!r} is incomplete ({'; '.join(problems)}); the run was probably "
+            f"interrupted while saving it. Resume from a complete checkpoint instead (complete: {complete or 'none'}),"
+            " or pass resume_from_checkpoint=True to pick the latest complete one."
+        )
+    return resume_from_checkpoint

@@ -28,7 +28,7 @@ _FLOAT_FIELDS = (
 )
 _METRIC_FIELDS = (
     "n_examples", "n_kept", "fraction_kept", "tokens_total", "tokens_kept", "fraction_tokens_kept", "n_clusters",
-    "n_noise", "warmup_steps", "selected_steps", "full_data_steps", "warmup_seconds", "features_seconds",
+    "n_noise", "n_nonfinite_features", "n_no_loss_tokens", "warmup_steps", "selected_steps", "full_data_steps", "warmup_seconds", "features_seconds",
     "clustering_seconds", "selection_seconds", "training_seconds", "total_seconds", "full_data_seconds",
     "seconds_saved", "fraction_saved",
 )
@@ -120,11 +120,17 @@ class SelectionReport:
 
     Attributes:
         n_examples (`int`): examples in the full training set. n_kept (`int`): examples kept.
+        n_dropped_by_preparation (`int` or `None`): examples the trainer's data preparation removed before selection
+            because no token carried loss (TRL's SFTTrainer after truncation to `max_length`); not counted in
+            `n_examples`. `None` = no such preparation step (plain `ClusterTrainer`).
         fraction_kept (`float`, 0–1): n_kept / n_examples; computed when left `None`.
         tokens_total, tokens_kept (`int` or `None`): tokens of kind `token_kind` in all / kept examples.
         fraction_tokens_kept (`float`, 0–1, or `None`): tokens_kept / tokens_total; computed when left `None`.
         token_kind (`str`): `"loss"` = loss-bearing tokens (labels ≠ -100), `"input"` = all input tokens.
         n_clusters (`int`): clusters after the noise policy. n_noise (`int`): raw HDBSCAN noise (-1) count.
+        n_nonfinite_features (`int`): examples whose features held NaN/inf, kept out of clustering in a group of
+            their own (never dropped). n_no_loss_tokens (`int`): examples without any loss-bearing token, kept out of
+            clustering and selected only when the budget needs them.
         cluster_sizes (`list[int]` of length `n_clusters`): full-data size of each cluster.
         kept_per_cluster (`list[int]` of length `n_clusters`): kept examples of each cluster.
         clustering_method (`str`), fallback (`str` or `None`), clustering_params (`dict`): as in `ClusteringResult`.
@@ -150,6 +156,8 @@ class SelectionReport:
     token_kind: str = "loss"
     n_clusters: int = 0
     n_noise: int = 0
+    n_nonfinite_features: int = 0
+    n_no_loss_tokens: int = 0
     cluster_sizes: list[int] = field(default_factory=list)
     kept_per_cluster: list[int] = field(default_factory=list)
     clustering_method: str = ""
@@ -176,6 +184,7 @@ class SelectionReport:
     full_data_seconds_basis: str | None = None
     seconds_saved: float | None = None
     fraction_saved: float | None = None
+    n_dropped_by_preparation: int | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -219,7 +228,8 @@ class SelectionReport:
         n_clusters = int(clustering.n_clusters)
         return cls(
             n_examples=int(labels.shape[0]), n_kept=selection.n_kept, n_clusters=n_clusters,
-            n_noise=clustering.n_noise,
+            n_noise=clustering.n_noise, n_nonfinite_features=clustering.n_nonfinite,
+            n_no_loss_tokens=clustering.n_no_loss,
             cluster_sizes=np.bincount(labels, minlength=n_clusters).tolist(),
             kept_per_cluster=np.bincount(np.asarray(selection.labels, dtype=np.int64), minlength=n_clusters).tolist(),
             clustering_method=clustering.method, fallback=clustering.fallback,

@@ -104,6 +104,7 @@ def plan_steps(
     warmup_steps: int,
     num_train_epochs: float,
     max_steps: int = -1,
+    selected_batches_per_epoch: int | None = None,
 ) -> StepPlan:
     """Plan every optimizer step of a run before it starts.
 
@@ -120,6 +121,9 @@ def plan_steps(
         warmup_steps (`int`): optimizer steps on the full data before selection (>= 0).
         num_train_epochs (`float`): epochs over the subset (> 0), used when `max_steps <= 0`.
         max_steps (`int`, *optional*, defaults to `-1`): total optimizer steps including the warm-up.
+        selected_batches_per_epoch (`int`, *optional*): per-device batches each rank gets per epoch of the subset,
+            when the batch plan knows it better than `ceil(n_kept / (world_size · per_device_batch_size))` (CluSTER's
+            one-cluster-per-rank allocation: `ceil(largest kept cluster / per_device_batch_size)`); >= 1.
     Returns:
         `StepPlan`.
     Raises:
@@ -151,6 +155,10 @@ def plan_steps(
             f"gradient_accumulation_steps {gradient_accumulation_steps}); raise `data_fraction` or lower the batch."
         )
     batches = batches_per_rank_per_epoch(n_kept, world_size, per_device_batch_size)
+    if selected_batches_per_epoch is not None:
+        if selected_batches_per_epoch < 1:
+            raise ValueError(f"`selected_batches_per_epoch` must be >= 1, got {selected_batches_per_epoch}.")
+        batches = int(selected_batches_per_epoch)
     steps_per_epoch = math.ceil(batches / gradient_accumulation_steps)
     full_steps_per_epoch = math.ceil(
         batches_per_rank_per_epoch(n_examples, world_size, per_device_batch_size) / gradient_accumulation_steps
@@ -159,7 +167,8 @@ def plan_steps(
         if warmup_steps >= max_steps:
             raise ValueError(
                 f"`warmup_steps` ({warmup_steps}) must be smaller than the planned total of {max_steps} steps "
-                "(`max_steps`); lower `warmup_steps` or raise `max_steps`."
+                "(`max_steps`); lower `warmup_steps` (ClusterSelectConfig.warmup_steps, or TrainingArguments."
+                "warmup_steps when that is None) or raise `max_steps`."
             )
         selected = max_steps - warmup_steps
         full_data_steps = max_steps
@@ -171,7 +180,8 @@ def plan_steps(
         if warmup_steps >= full_data_steps:
             raise ValueError(
                 f"`warmup_steps` ({warmup_steps}) must be smaller than the {full_data_steps} steps the run would "
-                f"take on the full data ({num_train_epochs} epochs); lower `warmup_steps`."
+                f"take on the full data ({num_train_epochs} epochs); lower `warmup_steps` (ClusterSelectConfig."
+                "warmup_steps, or TrainingArguments.warmup_steps when that is None)."
             )
     return StepPlan(
         n_examples=n_examples,

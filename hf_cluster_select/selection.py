@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ._types import ClusteringResult, Selection
+from ._types import NO_LOSS_LABEL, ClusteringResult, Selection
 from .config import QUOTAS, WITHIN_CLUSTER, ClusterSelectConfig
 
 
@@ -31,11 +31,12 @@ def selection_budget(n_total: int, data_fraction: float) -> int:
         `int`: the budget m, with 1 <= m <= n_total.
     Raises:
         ValueError: if `n_total` < 1 or `data_fraction` is outside (0, 1].
+        TypeError: if `data_fraction` is not a number.
     """
     if isinstance(n_total, bool) or not isinstance(n_total, (int, np.integer)) or n_total < 1:
         raise ValueError(f"`n_total` must be an int >= 1, got {n_total!r}.")
     if isinstance(data_fraction, bool) or not isinstance(data_fraction, (int, float, np.floating)):
-        raise ValueError(f"`data_fraction` must be a float in (0, 1], got {data_fraction!r}.")
+        raise TypeError(f"`data_fraction` must be a float in (0, 1], got {data_fraction!r}.")
     if not 0.0 < float(data_fraction) <= 1.0:
         raise ValueError(f"`data_fraction` must be in (0, 1], got {data_fraction!r}.")
     exact = Decimal(repr(float(data_fraction))) * int(n_total)
@@ -139,6 +140,7 @@ def select_from_labels(
     within_cluster: str = "peripheral",
     quota: str = "proportional",
     seed: int = 42,
+    deferred: Any = None,
 ) -> Selection:
     """Keep exactly `selection_budget(n, data_fraction)` examples, spread over clusters and weighted.
 
@@ -153,6 +155,11 @@ def select_from_labels(
             or a random subset seeded by (`seed`, cluster label) (`"random"`).
         quota (`str`, *optional*, defaults to `"proportional"`): budget split, see `cluster_quotas`.
         seed (`int`, *optional*, defaults to `42`): seed of `"random"`.
+        deferred (array-like of shape `[n_examples]`, bool, *optional*): examples to keep only when the budget cannot
+            be met without them (examples without loss-bearing tokens: training on them changes nothing). The others
+            are selected as above with the same budget, clusters sized over them; when the budget reaches their
+            count, all of them and the lowest-index deferred examples fill it, each weighted n / budget. When
+            every example is deferred, none is.
     Returns:
         `Selection`: kept `indices` `[m]` (int64, sorted ascending), `weights` `[m]` (float64,
         `|C_c| / kept_c`, summing to n; when the budget is below the number of clusters, the clusters left out
@@ -161,13 +168,16 @@ def select_from_labels(
     Raises:
         ValueError: if `labels` is not 1-D, empty or negative, `reduced` is missing, misshapen or not finite, or
             an option is out of range.
+        TypeError: if `seed` is not an int or `data_fraction` not a number.
     """
     labels = np.asarray(labels)
     if labels.ndim != 1 or labels.size == 0:
         raise ValueError(f"`labels` must be a non-empty 1-D array, got shape {labels.shape}.")
-    if not np.issubdtype(labels.dtype, np.integer):
-        if not np.issubdtype(labels.dtype, np.floating) or not np.array_equal(labels, np.round(labels)):
-            raise ValueError(f"`labels` must hold integers, got dtype {labels.dtype}.")
+    is_integral = np.issubdtype(labels.dtype, np.integer) or (
+        np.issubdtype(labels.dtype, np.floating) and np.array_equal(labels, np.round(labels))
+    )
+    if not is_integral:
+        raise ValueError(f"`labels` must hold integers, got dtype {labels.dtype}.")
     labels = labels.astype(np.int64)
     if (labels < 0).any():
         raise ValueError(
@@ -176,7 +186,7 @@ def select_from_labels(
     if within_cluster not in WITHIN_CLUSTER:
         raise ValueError(f"`within_cluster` must be one of {list(WITHIN_CLUSTER)}, got {within_cluster!r}.")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise ValueError(f"`seed` must be an int, got {seed!r}.")
+        raise TypeError(f"`seed` must be an int, got {seed!r}.")
     n_total = labels.size
     points = None
     if within_cluster != "random":
@@ -190,20 +200,32 @@ def select_from_labels(
         if not np.isfinite(points).all():
             raise ValueError(f"`reduced` holds {int((~np.isfinite(points)).sum())} NaN/inf values.")
     budget = selection_budget(n_total, data_fraction)
-    clusters, sizes = np.unique(labels, return_counts=True)
+    eligible = np.arange(n_total)
+    if deferred is not None:
+        deferred = np.asarray(deferred, dtype=bool).reshape(-1)
+        if deferred.shape != (n_total,):
+            raise ValueError(f"`deferred` must have shape [{n_total}], got {tuple(deferred.shape)}.")
+        if not deferred.all():
+            eligible = np.flatnonzero(~deferred)
+    if budget >= eligible.size:  # keep every eligible example, fill the rest with deferred ones by index
+        fill = np.setdiff1d(np.arange(n_total), eligible)[: budget - eligible.size]
+        indices = np.sort(np.concatenate([eligible, fill])).astype(np.int64)
+        weights = np.full(budget, n_total / budget, dtype=np.float64)
+        return Selection(indices=indices, weights=weights, labels=labels[indices], n_total=int(n_total))
+    clusters, sizes = np.unique(labels[eligible], return_counts=True)
     quotas = cluster_quotas(sizes, budget, quota)
     kept_parts, weight_parts = [], []
     for cluster, size, keep in zip(clusters, sizes, quotas):
         if keep == 0:
             continue
-        members = np.flatnonzero(labels == cluster)
+        members = eligible[labels[eligible] == cluster]
         ranked = _rank_members(members, None if points is None else points[members], within_cluster, seed, cluster)
         kept_parts.append(ranked[:keep])
         weight_parts.append(np.full(int(keep), size / keep, dtype=np.float64))
     indices = np.concatenate(kept_parts)
     weights = np.concatenate(weight_parts)
     covered = int(sizes[quotas > 0].sum())
-    if covered < n_total:  # budget < K: clusters left out; spread their mass so weights still sum to n
+    if covered < n_total:  # clusters (budget < K) or deferred examples left out: spread their mass to sum to n
         weights *= n_total / covered
     order = np.argsort(indices, kind="stable")
     indices = indices[order].astype(np.int64)
@@ -216,6 +238,9 @@ def select_subset(result: ClusteringResult, config: ClusterSelectConfig) -> Sele
     Args:
         result (`ClusteringResult`): output of `clustering.cluster_features` (`labels` `[n]`, `reduced` `[n, d]`).
         config (`ClusterSelectConfig`): selection settings.
+    Examples without loss-bearing tokens (raw label `NO_LOSS_LABEL`) are `deferred`: kept only when the budget
+    cannot be met without them.
+
     Returns:
         `Selection`: see `select_from_labels`.
     Raises:
@@ -228,4 +253,5 @@ def select_subset(result: ClusteringResult, config: ClusterSelectConfig) -> Sele
         within_cluster=config.within_cluster,
         quota=config.quota,
         seed=config.seed,
+        deferred=np.asarray(result.raw_labels) == NO_LOSS_LABEL,
     )

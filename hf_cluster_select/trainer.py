@@ -5,9 +5,25 @@ Both are `ClusterSelectMixin` (mixin.py) placed before the Hugging Face trainer 
 
 from __future__ import annotations
 
+import inspect
+import logging
+from typing import Any
+
+import numpy as np
 from transformers import Trainer
 
+from .config import ClusterSelectConfig
 from .mixin import ClusterSelectMixin
+from .sft import (
+    DEFAULT_MAX_DROPPED_FRACTION,
+    ExampleWeightedForward,
+    check_dropped,
+    check_sft_args,
+    check_sft_dataset,
+    loss_free_examples,
+)
+
+logger = logging.getLogger(__name__)
 
 
 class ClusterTrainer(ClusterSelectMixin, Trainer):
@@ -30,9 +46,104 @@ except ImportError:  # pragma: no cover
 if _SFTTrainer is not None:
 
     class ClusterSFTTrainer(ClusterSelectMixin, _SFTTrainer):
-        """`trl.SFTTrainer` with the same selection as `ClusterTrainer`; features count only loss-bearing tokens
-        (completion-only / assistant-only losses are respected)."""
+        """`trl.SFTTrainer` with the same selection as `ClusterTrainer`: change the class name, add `cluster_config`.
+
+            trainer = ClusterSFTTrainer(model=model, args=SFTConfig(..., bf16=False, use_cpu=True),
+                                        train_dataset=train, processing_class=tokenizer, peft_config=lora,
+                                        cluster_config=ClusterSelectConfig(data_fraction=0.3))
+
+        Accepts what `SFTTrainer` accepts: `text` (language modelling), `prompt`/`completion` and `messages` (chat
+        template) datasets, or tokenized `input_ids` (+ `labels`); `completion_only_loss` and `assistant_only_loss`;
+        `peft_config` (features come from the adapted model; adapters are saved as usual). Selection works on the
+        dataset as TRL prepared it (tokenized, labelled, truncated), so steps, budget and indices refer to
+        `trainer.train_dataset`.
+
+        Features count loss-bearing tokens only (labels ≠ -100: the completion, or the assistant turns): prompt tokens
+        add no term to an example's feature. With the default `feature_context="full"` the prompt is still the
+        context those tokens are predicted from, as in CluSTER; with `ClusterSelectConfig(feature_context=
+        "loss_tokens")` features are computed from the loss-bearing tokens alone, so examples with the same
+        loss-bearing tokens get the same features whatever their prompts.
+
+        After selection the loss keeps TRL's fused path (and its `entropy` / `mean_token_accuracy` metrics) with each
+        example's per-token log-probabilities multiplied by its selection weight.
+
+        Args:
+            *args, **kwargs: everything `trl.SFTTrainer` takes, unchanged.
+            cluster_config (`ClusterSelectConfig`, *optional*): selection settings; defaults to `ClusterSelectConfig()`.
+            max_dropped_fraction (`float`, *optional*, defaults to `0.25`): largest share of `train_dataset` that may be
+                left without a loss-bearing token by preparation (TRL drops such examples after truncation to
+                `max_length`; any left are dropped here too). Their count is `n_dropped_by_preparation` in the
+                selection report.
+        Raises:
+            ValueError: before any model is loaded or any example tokenized: a `DatasetDict` or dict of splits
+                (names the splits), a streaming or empty dataset, columns that match no format (names the columns),
+                `packing=True`, `padding_free=True`, `loss_type != "nll"`, label smoothing, `compute_loss_func`;
+                after TRL prepared the data (before any model work): more than `max_dropped_fraction` of the
+                examples without a loss-bearing token; and everything `ClusterTrainer` raises from `train()`.
+        """
+
+        _tag_names = ["trl", "sft", "hf_cluster_select"]
+
+        def __init__(
+            self,
+            *args: Any,
+            cluster_config: ClusterSelectConfig | None = None,
+            max_dropped_fraction: float = DEFAULT_MAX_DROPPED_FRACTION,
+            **kwargs: Any,
+        ) -> None:
+            if isinstance(max_dropped_fraction, bool) or not 0.0 <= float(max_dropped_fraction) <= 1.0:
+                raise ValueError(f"`max_dropped_fraction` must be in [0, 1], got {max_dropped_fraction!r}.")
+            try:
+                given = inspect.signature(_SFTTrainer.__init__).bind(None, *args, **kwargs).arguments
+            except TypeError:  # let SFTTrainer report its own signature errors
+                given = {}
+            args_given = given.get("args")
+            n_given = None
+            if given:
+                self.sft_format = check_sft_dataset(
+                    given.get("train_dataset"),
+                    dataset_text_field=getattr(args_given, "dataset_text_field", "text"),
+                    formatting_func=given.get("formatting_func"),
+                )
+                check_sft_args(args_given, compute_loss_func=given.get("compute_loss_func"))
+                n_given = len(given["train_dataset"])
+            super().__init__(*args, cluster_config=cluster_config, **kwargs)
+            parallelism = getattr(self.accelerator, "parallelism_config", None)
+            if parallelism is not None and getattr(parallelism, "sp_enabled", False):
+                raise ValueError("ClusterSFTTrainer does not support sequence parallelism (per-example loss weights).")
+            self.n_dropped_by_preparation = self._cs_drop_loss_free(n_given, float(max_dropped_fraction))
+
+        def _cs_drop_loss_free(self, n_given: int | None, max_dropped_fraction: float) -> int:
+            """Drop prepared examples without a loss-bearing token; return how many preparation dropped in all."""
+            prepared = self.train_dataset
+            empty = loss_free_examples(prepared)
+            if empty.size:
+                keep = np.setdiff1d(np.arange(len(prepared)), empty)
+                self.train_dataset = prepared.select(keep) if hasattr(prepared, "select") else [prepared[i] for i in keep]
+            if n_given is None:
+                return int(empty.size)
+            dropped = n_given - len(self.train_dataset)
+            check_dropped(n_given, dropped, max_dropped_fraction, max_length=getattr(self.args, "max_length", None))
+            if dropped:
+                logger.warning(
+                    "%d of %d training examples had no loss-bearing token after preparation (truncation to max_length="
+                    "%s) and were dropped; selection uses the remaining %d (see `n_dropped_by_preparation` in the "
+                    "selection report).", dropped, n_given, getattr(self.args, "max_length", None), n_given - dropped,
+                )
+            return int(dropped)
+
+        def run_selection(self, model=None) -> None:
+            """`ClusterSelectMixin.run_selection`, then `n_dropped_by_preparation` recorded in the report."""
+            super().run_selection(model)
+            if self.selection_report is not None:
+                self.selection_report.n_dropped_by_preparation = self.n_dropped_by_preparation
+
+        def _cs_weighted_loss(self, model, inputs, weights, return_outputs=False, num_items_in_batch=None):
+            """TRL's own `compute_loss` (fused LM head, metrics) with per-example weighted log-probabilities."""
+            return _SFTTrainer.compute_loss(
+                self, ExampleWeightedForward(model, weights), inputs, return_outputs=return_outputs,
+                num_items_in_batch=num_items_in_batch,
+            )
 
 else:  # pragma: no cover
     ClusterSFTTrainer = None
-

@@ -9,7 +9,12 @@ from hypothesis import strategies as st
 
 from hf_cluster_select._types import ClusteringResult
 from hf_cluster_select.config import ClusterSelectConfig
-from hf_cluster_select.selection import cluster_quotas, select_from_labels, select_subset, selection_budget
+from hf_cluster_select.selection import (
+    cluster_quotas,
+    select_from_labels,
+    select_subset,
+    selection_budget,
+)
 
 # Two clusters on a line: cluster 0 at 0, 1, 2, 10 (centroid 3.25), cluster 1 at 20..23 (centroid 21.5).
 LINE_LABELS = np.array([0, 0, 0, 0, 1, 1, 1, 1])
@@ -18,8 +23,20 @@ LINE_POINTS = np.array([0.0, 1.0, 2.0, 10.0, 20.0, 21.0, 22.0, 23.0])[:, None]
 
 @pytest.mark.parametrize(
     "n, fraction, expected",
-    [(10, 0.35, 4), (10, 0.25, 3), (10, 0.24, 2), (10, 0.3, 3), (7, 0.5, 4), (100, 0.005, 1), (10, 0.001, 1),
-     (3, 1.0, 3), (1, 0.3, 1), (640, 0.3, 192), (1001, 0.5, 501), (52002, 0.31, 16121)],
+    [
+        (10, 0.35, 4),
+        (10, 0.25, 3),
+        (10, 0.24, 2),
+        (10, 0.3, 3),
+        (7, 0.5, 4),
+        (100, 0.005, 1),
+        (10, 0.001, 1),
+        (3, 1.0, 3),
+        (1, 0.3, 1),
+        (640, 0.3, 192),
+        (1001, 0.5, 501),
+        (52002, 0.31, 16121),
+    ],
 )
 def test_budget_rounds_half_up(n, fraction, expected):
     assert selection_budget(n, fraction) == expected
@@ -102,7 +119,10 @@ def test_random_is_deterministic_and_seeded():
 
 def test_select_subset_uses_config():
     result = ClusteringResult(
-        labels=LINE_LABELS, raw_labels=LINE_LABELS, reduced=LINE_POINTS.astype(np.float32), n_clusters=2,
+        labels=LINE_LABELS,
+        raw_labels=LINE_LABELS,
+        reduced=LINE_POINTS.astype(np.float32),
+        n_clusters=2,
         method="hdbscan",
     )
     chosen = select_subset(result, ClusterSelectConfig(data_fraction=0.5, within_cluster="central"))
@@ -113,27 +133,33 @@ def test_select_subset_uses_config():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(labels=[0, -1, 1]), "negative"),
-        (dict(labels=[]), "non-empty"),
-        (dict(labels=[[0, 1]]), "1-D"),
-        (dict(labels=[0.5, 1.0]), "integers"),
-        (dict(reduced=None), "`reduced` is required"),
-        (dict(reduced=np.ones((2, 2))), "shape"),
-        (dict(reduced=np.array([[np.nan], [0.0], [1.0]])), "NaN"),
-        (dict(data_fraction=0.0), "data_fraction"),
-        (dict(data_fraction=1.5), "data_fraction"),
-        (dict(within_cluster="edge"), "within_cluster"),
-        (dict(quota="equal"), "quota"),
-        (dict(seed=1.5), "seed"),
+        ({"labels": [0, -1, 1]}, "negative"),
+        ({"labels": []}, "non-empty"),
+        ({"labels": [[0, 1]]}, "1-D"),
+        ({"labels": [0.5, 1.0]}, "integers"),
+        ({"reduced": None}, "`reduced` is required"),
+        ({"reduced": np.ones((2, 2))}, "shape"),
+        ({"reduced": np.array([[np.nan], [0.0], [1.0]])}, "NaN"),
+        ({"data_fraction": 0.0}, "data_fraction"),
+        ({"data_fraction": 1.5}, "data_fraction"),
+        ({"within_cluster": "edge"}, "within_cluster"),
+        ({"quota": "equal"}, "quota"),
     ],
 )
 def test_rejects_bad_arguments(kwargs, message):
-    arguments = dict(labels=[0, 1, 1], reduced=np.zeros((3, 1)), data_fraction=0.5)
+    arguments = {"labels": [0, 1, 1], "reduced": np.zeros((3, 1)), "data_fraction": 0.5}
     arguments.update(kwargs)
     labels = arguments.pop("labels")
     reduced = arguments.pop("reduced")
     with pytest.raises(ValueError, match=message):
         select_from_labels(labels, reduced, **arguments)
+
+
+def test_rejects_bad_types():
+    with pytest.raises(TypeError, match="seed"):
+        select_from_labels([0, 1], None, data_fraction=0.5, within_cluster="random", seed=1.5)
+    with pytest.raises(TypeError, match="data_fraction"):
+        select_from_labels([0, 1], None, data_fraction="half", within_cluster="random")
 
 
 def test_rejects_bad_quota_inputs():

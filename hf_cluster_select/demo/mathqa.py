@@ -44,9 +44,11 @@ def _clean_options(target_scores: dict[str, int]) -> tuple[list[str], int]:
     for key, score in zip(keys, scores):
         piece = f"{piece},{key}" if piece else key
         piece_score = max(piece_score, score)
-        if piece.endswith("'") or piece.endswith("']"):  # the closing quote ends one option
+        if piece.endswith(("'", "']")):  # the closing quote ends one option
             text = piece.lstrip("[").rstrip("]").strip()
-            options.append(text[1:-1].strip() if text.startswith("'") and text.endswith("'") else text.strip("'").strip())
+            options.append(
+                text[1:-1].strip() if text.startswith("'") and text.endswith("'") else text.strip("'").strip()
+            )
             if piece_score:
                 correct = len(options) - 1
             piece, piece_score = "", 0
@@ -76,7 +78,9 @@ def load_mathqa(n: int | None = None, seed: int = 0):
     if n is not None and not 1 <= n <= len(examples):
         raise ValueError(f"`n` must be in [1, {len(examples)}], got {n}")
     indices = list(range(len(examples))) if n is None else sorted(random.Random(seed).sample(range(len(examples)), n))
-    columns: dict[str, list[Any]] = {key: [] for key in ("source_index", "question", "program", "options", "answer_index", "answer")}
+    columns: dict[str, list[Any]] = {
+        key: [] for key in ("source_index", "question", "program", "options", "answer_index", "answer")
+    }
     for index in indices:
         example = examples[index]
         question, _, program = example["input"].rpartition("\n")
@@ -156,7 +160,12 @@ def tokenize_mathqa(dataset, tokenizer, max_length: int = 128, with_program: boo
     encoded = dataset.map(encode, remove_columns=dataset.column_names, desc="Tokenizing MathQA")
     kept = encoded.filter(lambda labels: any(label != IGNORE_INDEX for label in labels), input_columns="labels")
     if len(kept) < len(encoded):
-        logger.warning("tokenize_mathqa: dropped %d of %d problems whose prompt fills max_length=%d", len(encoded) - len(kept), len(encoded), max_length)
+        logger.warning(
+            "tokenize_mathqa: dropped %d of %d problems that do not fit max_length=%d",
+            len(encoded) - len(kept),
+            len(encoded),
+            max_length,
+        )
     return kept
 
 
@@ -166,7 +175,8 @@ def pad_collate(features: Sequence[dict], pad_token_id: int) -> dict:
     Args:
         features (`list[dict]`): each with `input_ids` and optionally `attention_mask` and `labels` (lists or 1-D
             tensors of equal length).
-        pad_token_id (`int`): id written into padded `input_ids` positions (may equal EOS: labels never derive from it).
+        pad_token_id (`int`): id written into padded `input_ids` positions (may equal EOS: labels never derive
+            from it).
     Returns:
         `dict[str, torch.Tensor]`: `input_ids`, `attention_mask` (0 on padding) and, when given, `labels` (-100 on
         padding), each int64 of shape `[batch, longest]`.
@@ -191,7 +201,7 @@ def pad_collate(features: Sequence[dict], pad_token_id: int) -> dict:
     return batch
 
 
-def split_train_eval(dataset, eval_size: int | float, seed: int = 0):
+def split_train_eval(dataset, eval_size: float, seed: int = 0):
     """Seeded split into `(train, eval)`.
 
     Args:
@@ -235,7 +245,8 @@ def multiple_choice_accuracy(
         length_normalize (`bool`, *optional*, defaults to `True`): rank by mean (`True`) or summed log-probability.
     Returns:
         `dict`: `accuracy` (float in [0, 1], by the chosen score), `accuracy_sum` and `accuracy_mean` (both
-        scores), `n` (problems scored), `chance` (mean of 1/number of options), `seconds`.
+        scores), `n` (problems scored), `accuracy_chance` (mean of 1/number of options, about 0.2) and
+        `accuracy_seconds` (wall time); the key names are distinct so the dict can be merged into other metrics.
     """
     import time
 
@@ -256,8 +267,12 @@ def multiple_choice_accuracy(
                 replies = [[_answer_ids(tokenizer, option) for option in row["options"]] for row in rows]
                 sums, means = _score_options(model, prompts, replies, pad_id, device)
                 for row, option_sums, option_means in zip(rows, sums, means):
-                    correct_sum += int(max(range(len(option_sums)), key=option_sums.__getitem__) == row["answer_index"])
-                    correct_mean += int(max(range(len(option_means)), key=option_means.__getitem__) == row["answer_index"])
+                    correct_sum += int(
+                        max(range(len(option_sums)), key=option_sums.__getitem__) == row["answer_index"]
+                    )
+                    correct_mean += int(
+                        max(range(len(option_means)), key=option_means.__getitem__) == row["answer_index"]
+                    )
                     chance += 1.0 / len(row["options"])
     finally:
         model.train(was_training)
@@ -269,8 +284,8 @@ def multiple_choice_accuracy(
         "accuracy_mean": accuracy_mean,
         "accuracy_sum": accuracy_sum,
         "n": n,
-        "chance": chance / n if n else math.nan,
-        "seconds": time.perf_counter() - start,
+        "accuracy_chance": chance / n if n else math.nan,
+        "accuracy_seconds": time.perf_counter() - start,
     }
 
 
@@ -282,7 +297,9 @@ def _cache_kwarg(model) -> str:
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
-def _score_options(model, prompts: list[list[int]], replies: list[list[list[int]]], pad_id: int, device) -> tuple[list[list[float]], list[list[float]]]:
+def _score_options(
+    model, prompts: list[list[int]], replies: list[list[list[int]]], pad_id: int, device
+) -> tuple[list[list[float]], list[list[float]]]:
     """Summed and mean log-probabilities of each reply given its prompt (one prompt pass, cache copied per option).
 
     Prompts are left-padded so they all end at the same position; replies are right-padded after them.
@@ -293,12 +310,18 @@ def _score_options(model, prompts: list[list[int]], replies: list[list[list[int]
     prompt_ids = torch.full((n_prompts, prompt_len), pad_id, dtype=torch.long)
     prompt_mask = torch.zeros((n_prompts, prompt_len), dtype=torch.long)
     for row, prompt in enumerate(prompts):
-        prompt_ids[row, prompt_len - len(prompt):] = torch.tensor(prompt)
-        prompt_mask[row, prompt_len - len(prompt):] = 1
+        prompt_ids[row, prompt_len - len(prompt) :] = torch.tensor(prompt)
+        prompt_mask[row, prompt_len - len(prompt) :] = 1
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
     prompt_positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
     cache_kwarg = _cache_kwarg(model)
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_positions, use_cache=True, logits_to_keep=1)
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        position_ids=prompt_positions,
+        use_cache=True,
+        logits_to_keep=1,
+    )
     first_logprobs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # [n_prompts, vocab]: predicts reply token 0
 
     owner = [row for row, options in enumerate(replies) for _ in options]
@@ -314,8 +337,12 @@ def _score_options(model, prompts: list[list[int]], replies: list[list[list[int]
     cache = out.get("cache") if out.get("cache") is not None else out.get("past_key_values")
     cache.reorder_cache(owner_index)  # one copy of the prompt's keys/values per option
     full_mask = torch.cat([prompt_mask.index_select(0, owner_index), reply_mask], dim=1)
-    positions = prompt_mask.sum(-1).index_select(0, owner_index)[:, None] + torch.arange(reply_len, device=device)[None, :]
-    logits = model(input_ids=reply_ids, attention_mask=full_mask, position_ids=positions, use_cache=True, **{cache_kwarg: cache}).logits
+    positions = (
+        prompt_mask.sum(-1).index_select(0, owner_index)[:, None] + torch.arange(reply_len, device=device)[None, :]
+    )
+    logits = model(
+        input_ids=reply_ids, attention_mask=full_mask, position_ids=positions, use_cache=True, **{cache_kwarg: cache}
+    ).logits
     # token t of a reply is predicted by the prompt's last position (t = 0) or by reply position t - 1
     token_logprobs = torch.empty(reply_ids.shape, dtype=torch.float32, device=device)
     token_logprobs[:, 0] = first_logprobs.index_select(0, owner_index).gather(1, reply_ids[:, :1]).squeeze(1)

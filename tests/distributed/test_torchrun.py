@@ -1,0 +1,252 @@
+"""Real multi-process ClusterTrainer runs (torchrun, gloo on CPU, `use_cpu=True`, one thread per process).
+
+One 2-process job runs the `main`, `resume`, `select0` and `paper` scenarios of `worker.py` and one 3-process job
+runs `main3` and `select0`; the tests below assert on what every rank wrote, with exact id lists recomputed here
+from the sampler (accelerate deals batch `k` of the global plan to rank `k % world_size`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+import tiny_assets  # noqa: E402
+from launch import torchrun  # noqa: E402
+
+from hf_cluster_select import ClusterSelectConfig  # noqa: E402
+from hf_cluster_select.allocation import batches_per_rank  # noqa: E402
+from hf_cluster_select.sampler import ClusterBatchSampler  # noqa: E402
+
+pytestmark = pytest.mark.distributed
+
+WORKER = os.path.join(HERE, "worker.py")
+METRICS = ("cluster_select/max_tokens_per_rank", "cluster_select/mean_tokens_per_rank",
+           "cluster_select/max_over_mean_tokens")
+
+
+def _load(folder: str, scenario: str, nproc: int) -> list[dict]:
+    records = []
+    for rank in range(nproc):
+        with open(os.path.join(folder, scenario, f"rank{rank}.json")) as f:
+            record = json.load(f)
+        record["params"] = torch.load(os.path.join(folder, scenario, f"params_rank{rank}.pt"))
+        records.append(record)
+    return records
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    """The 2-process job: every scenario's per-rank records."""
+    folder = str(tmp_path_factory.mktemp("torchrun2"))
+    torchrun([WORKER, folder, "main,resume,select0,paper"], nproc=2, timeout=240)
+    return {s: _load(folder, s, 2) for s in ("main", "resume", "select0", "paper")}
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    """The 3-process job (uneven splits over 3 ranks)."""
+    folder = str(tmp_path_factory.mktemp("torchrun3"))
+    torchrun([WORKER, folder, "main3,select0"], nproc=3, timeout=240)
+    return {s: _load(folder, s, 3) for s in ("main3", "select0")}
+
+
+@pytest.fixture(scope="module")
+def lengths():
+    """Token length of each of the 90 tiny examples (what the trainer balances on)."""
+    tokenizer = tiny_assets.build_tokenizer()
+    return np.array([len(x) for x in tiny_assets.build_dataset(tokenizer, n=90)["input_ids"]], dtype=np.int64)
+
+
+def _config(scenario: str) -> ClusterSelectConfig:
+    import worker
+
+    spec = worker.SCENARIOS[scenario]
+    return (ClusterSelectConfig.paper if spec.get("paper") else ClusterSelectConfig)(**spec["config"])
+
+
+def _trained(record: dict, epoch: int) -> list[list[int]]:
+    return [m["ids"] for m in record["seen"] if m["epoch"] == epoch]
+
+
+def _expected_subset_batches(records, scenario, lengths, epoch) -> list[list[list[int]]]:
+    """Per rank, the subset batches of `epoch` as the global plan deals them: rank r gets batches r, r+W, ..."""
+    config, selection, world = _config(scenario), records[0]["selection"], len(records)
+    indices = np.asarray(selection["indices"])
+    sampler = ClusterBatchSampler(indices=indices, labels=selection["labels"], lengths=lengths[indices],
+                                  world_size=world, per_device_batch_size=4, seed=config.seed,
+                                  balance_tokens=config.balance_tokens, window=config.balance_window,
+                                  allocation=config.allocation)
+    sampler.set_epoch(epoch)
+    batches = list(sampler)
+    return [batches[r::world] for r in range(world)]
+
+
+# ---- 1. sharded feature extraction, one selection everywhere -------------------------------------------------
+@pytest.mark.parametrize("job, scenarios", [("two", ("main", "select0", "paper")), ("three", ("main3", "select0"))])
+def test_features_are_sharded_and_selection_identical_on_every_rank(job, scenarios, request):
+    runs = request.getfixturevalue(job)
+    for scenario in scenarios:
+        records = runs[scenario]
+        world, n = len(records), records[0]["plan"]["n_examples"]
+        for record in records:  # each rank computed its own strided shard, once
+            assert record["feature_indices"] == [list(range(record["rank"], n, world))], scenario
+            assert record["selection"] == records[0]["selection"], scenario  # bit-identical (JSON floats are exact)
+
+
+def test_selection_matches_one_process_run(two, tmp_path):
+    import worker
+
+    single = worker.build_trainer("select0", str(tmp_path), cls=worker.ClusterTrainer)
+    single.plan()
+    single.run_selection()
+    assert single.args.world_size == 1
+    distributed_selection = two["select0"][0]["selection"]
+    assert single.selection.indices.tolist() == distributed_selection["indices"]
+    assert single.selection.weights.tolist() == distributed_selection["weights"]
+    assert single.selection.labels.tolist() == distributed_selection["labels"]
+    assert single._cs_raw_labels.tolist() == distributed_selection["raw_labels"]
+
+
+# ---- 2. no double sharding ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("job, scenarios", [("two", ("main", "select0")), ("three", ("main3", "select0"))])
+def test_each_rank_sees_exactly_its_share(job, scenarios, lengths, request):
+    runs = request.getfixturevalue(job)
+    for scenario in scenarios:
+        records = runs[scenario]
+        plan, world = records[0]["plan"], len(records)
+        kept = sorted(records[0]["selection"]["indices"])
+        assert sorted(map(int, records[0]["subset_batches"])) == list(range(plan["warmup_steps"] > 0, len(
+            records[0]["subset_batches"]) + (plan["warmup_steps"] > 0)))
+        for epoch in sorted(map(int, records[0]["subset_batches"])):
+            expected = _expected_subset_batches(records, scenario, lengths, epoch)
+            union = []
+            for record in records:
+                rank = record["rank"]
+                iterated = record["subset_batches"][str(epoch)]
+                assert record["subset_loader_len"] == len(iterated) == plan["selected_batches_per_epoch"]
+                assert iterated == expected[rank], (scenario, epoch, rank)  # exact ids, in order
+                assert _trained(record, epoch) == expected[rank], (scenario, epoch, rank)
+                ids = [i for batch in iterated for i in batch]
+                assert len(ids) == len(set(ids)), "an index twice on one rank within an epoch"
+                union += ids
+            assert sorted(union) == kept  # every kept example exactly once over all ranks (no pad needed here)
+        if plan["warmup_steps"]:  # the warm-up on the full data: disjoint shares of one global order
+            warm = [[i for batch in _trained(r, 0) for i in batch] for r in records]
+            for record, ids in zip(records, warm):
+                assert record["warmup_loader_len"] == len(record["warmup_batches"])
+                assert record["warmup_loader_len"] == plan["warmup_steps"] * plan["gradient_accumulation_steps"]
+                assert _trained(record, 0) == record["warmup_batches"]
+                assert len(ids) == len(set(ids))
+            assert len({i for ids in warm for i in ids}) == sum(len(ids) for ids in warm)
+
+
+# ---- 3. equal batches and steps on every rank ----------------------------------------------------------------
+@pytest.mark.parametrize("job, scenarios", [("two", ("main", "resume", "select0", "paper")),
+                                            ("three", ("main3", "select0"))])
+def test_every_rank_takes_the_planned_steps(job, scenarios, request):
+    runs = request.getfixturevalue(job)
+    for scenario in scenarios:
+        records = runs[scenario]
+        plan = records[0]["plan"]
+        micro_per_step = [[sum(1 for m in r["seen"] if m["step"] == s) for s in range(plan["total_steps"])]
+                          for r in records]
+        for record in records:
+            assert record["global_step"] == record["max_steps"] == plan["total_steps"], scenario
+            assert record["plan"] == plan
+        assert all(counts == micro_per_step[0] for counts in micro_per_step), scenario
+        # gradient accumulation: full steps of `gradient_accumulation_steps` micro-batches, the epoch's rest last
+        accumulation, batches = plan["gradient_accumulation_steps"], plan["selected_batches_per_epoch"]
+        epoch_steps = [accumulation] * (batches // accumulation) + ([batches % accumulation] if batches % accumulation else [])
+        expected = [accumulation] * plan["warmup_steps"] + epoch_steps * plan["selected_epochs"]
+        first = 4 if scenario == "resume" else 0
+        assert micro_per_step[0][first:] == expected[first : plan["total_steps"]], scenario
+
+
+def test_three_ranks_uneven_split(three):
+    plan = three["main3"][0]["plan"]
+    # 54 kept over 3 ranks × 4 per batch: 5 batches per rank (60 slots), accumulation 2: steps of 2, 2, 1 batches
+    assert (plan["n_kept"], plan["selected_batches_per_epoch"], plan["selected_steps_per_epoch"]) == (54, 5, 3)
+    assert plan["total_steps"] == 7
+
+
+# ---- 4. resume -----------------------------------------------------------------------------------------------
+def test_resume_replays_the_same_ids_and_weights(two):
+    main, resumed = two["main"], two["resume"]
+    for full, again in zip(main, resumed):
+        assert again["feature_indices"] == []  # selection read from the checkpoint, never recomputed
+        assert again["selection"] == full["selection"]
+        tail = [(m["step"], m["epoch"], m["ids"]) for m in full["seen"] if m["step"] >= 4]
+        assert [(m["step"], m["epoch"], m["ids"]) for m in again["seen"]] == tail
+        assert len(tail) == 8  # the 2nd subset epoch's last step (2 micro-batches) and the 3rd epoch (6)
+        for name, value in full["params"].items():
+            assert torch.allclose(value, again["params"][name], atol=1e-6), name
+    for name, value in main[0]["params"].items():  # DDP kept the ranks' weights identical
+        assert torch.equal(value, main[1]["params"][name]), name
+
+
+# ---- 5. token balance measured and logged ----------------------------------------------------------------------
+def _check_token_logs(records, first_step: int) -> int:
+    checked, previous = 0, first_step
+    step_tokens = [{} for _ in records]
+    for per_rank, record in zip(step_tokens, records):
+        for m in record["seen"]:
+            per_rank[m["step"] + 1] = per_rank.get(m["step"] + 1, 0) + m["tokens"]
+    for entry in records[0]["logs"]:
+        if "loss" not in entry or entry["step"] <= first_step:
+            continue
+        steps = range(previous + 1, entry["step"] + 1)
+        busiest = [max(t[s] for t in step_tokens) for s in steps]
+        average = [sum(t[s] for t in step_tokens) / len(records) for s in steps]
+        assert entry[METRICS[0]] == pytest.approx(np.mean(busiest))
+        assert entry[METRICS[1]] == pytest.approx(np.mean(average))
+        assert entry[METRICS[2]] == pytest.approx(np.mean(np.array(busiest) / np.array(average)))
+        for record in records[1:]:  # every rank logs the same numbers
+            twin = [e for e in record["logs"] if e.get("step") == entry["step"] and "loss" in e][0]
+            assert all(twin[k] == entry[k] for k in METRICS)
+        previous = entry["step"]
+        checked += 1
+    return checked
+
+
+def test_token_balance_is_logged_per_step(two, three):
+    assert _check_token_logs(two["main"], 0) == 7  # logging_steps=1
+    assert _check_token_logs(two["resume"], 4) == 3
+    assert _check_token_logs(two["select0"], 0) >= 2  # logging_steps=2: means over two steps
+    assert _check_token_logs(three["main3"], 0) == 7
+    ratios = [e[METRICS[2]] for e in two["main"][0]["logs"] if "loss" in e]
+    assert all(1.0 <= r < 1.5 for r in ratios)
+
+
+# ---- 6. CluSTER's allocation ---------------------------------------------------------------------------------
+def test_paper_allocation_one_cluster_per_rank(two, lengths):
+    import worker
+
+    records = two["paper"]
+    plan, selection = records[0]["plan"], records[0]["selection"]
+    all_labels = np.asarray(selection["all_labels"])
+    clusters, sizes = np.unique(all_labels, return_counts=True)
+    assert len(clusters) == 2
+    kept_labels = np.asarray(selection["labels"])
+    largest = max(int((kept_labels == c).sum()) for c in clusters)
+    # uneven kept clusters: the largest one sets the batch count, beyond the balanced plan's
+    assert plan["selected_batches_per_epoch"] == math.ceil(largest / 4) > batches_per_rank(plan["n_kept"], 2, 4)
+    expected = _expected_subset_batches(records, "paper", lengths[worker.uneven_indices(65)], 0)
+    for record in records:
+        rank, cluster = record["rank"], clusters[record["rank"]]
+        assert _trained(record, 0) == expected[rank]
+        ids = [i for batch in _trained(record, 0) for i in batch]
+        assert set(ids) == set(np.asarray(selection["indices"])[kept_labels == cluster].tolist())
+        weight = 2 * sizes[rank] / plan["n_examples"]  # K·|C_k|/N
+        for m in record["seen"]:
+            assert all(all_labels[i] == cluster for i in m["ids"])
+            assert m["weights"] == pytest.approx([weight] * len(m["ids"]), rel=1e-6)

@@ -1,0 +1,208 @@
+"""torchrun worker for the multi-process tests: trains tiny ClusterTrainer runs and writes what every rank saw.
+
+    python -m torch.distributed.run --nproc_per_node=2 --master_port PORT tests/distributed/worker.py OUT main,resume
+
+Scenarios (run in the order given, in one process group, so the start-up cost is paid once):
+- `main`: warm-up 1 step, then 3 epochs over a 45-of-90 subset (7 steps; gradient accumulation 4 over 6 batches per
+  rank: the last step of each epoch has 2 micro-batches); checkpoint at step 4; token metrics logged every step.
+- `resume`: resumes `main` from its checkpoint-4 (mid-way through the 2nd subset epoch); selection must not run.
+- `main3`: like `main` without checkpoint, sized for 3 processes (54 of 90 kept, accumulation 2).
+- `select0`: selection before training (warm-up 0), 36 of 90 kept (the last micro-step holds 4 examples for 8
+  slots), token metrics averaged over 2-step logging intervals.
+- `paper`: CluSTER's allocation (`ClusterSelectConfig.paper`, proportional quota) on 65 examples with uneven
+  styles; one cluster per rank, per-rank loss weight K·|C_k|/N.
+
+Each rank writes `OUT/<scenario>/rank<r>.json` (trained micro-batches, loader lengths, selection, plan, logs) and
+`OUT/<scenario>/params_rank<r>.pt` (final weights). `build_trainer` is also imported by the tests to make the same
+run in one process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # tests/ (tiny_assets)
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository (hf_cluster_select)
+
+import tiny_assets  # noqa: E402
+from transformers import TrainingArguments  # noqa: E402
+
+import hf_cluster_select.mixin as mixin  # noqa: E402
+from hf_cluster_select import ClusterSelectConfig, ClusterTrainer  # noqa: E402
+from hf_cluster_select.data import INDEX_KEY  # noqa: E402
+
+FEATURE_CALLS: list[list[int]] = []  # the dataset indices this process computed features for, per call
+
+
+_FEATURES = mixin.last_layer_grad_features
+
+
+def _recording_features(model, dataset, indices, *args, **kwargs):
+    FEATURE_CALLS.append([int(i) for i in indices])
+    return _FEATURES(model, dataset, indices, *args, **kwargs)
+
+SCENARIOS = {
+    "main": dict(
+        n=90,
+        config=dict(data_fraction=0.5, hdbscan_min_cluster_size=5, warmup_steps=1),
+        args=dict(gradient_accumulation_steps=4, num_train_epochs=3, save_strategy="steps", save_steps=4),
+    ),
+    "main3": dict(  # for 3 processes: 54 kept, 5 batches per rank (60 slots), accumulation 2 (steps of 2, 2, 1)
+        n=90,
+        config=dict(data_fraction=0.6, hdbscan_min_cluster_size=5, warmup_steps=1),
+        args=dict(gradient_accumulation_steps=2, num_train_epochs=2),
+    ),
+    "select0": dict(
+        n=90,
+        config=dict(data_fraction=0.4, hdbscan_min_cluster_size=5, warmup_steps=0),
+        args=dict(num_train_epochs=1, logging_steps=2),
+    ),
+    "paper": dict(
+        n=65,
+        paper=True,
+        config=dict(data_fraction=0.5, quota="proportional"),
+        args=dict(num_train_epochs=1),
+    ),
+}
+SCENARIOS["resume"] = SCENARIOS["main"]
+
+
+class RecordingTrainer(ClusterTrainer):
+    """Records every micro-batch that reaches `compute_loss` in training: step, logical epoch, example ids, padded
+    tokens and the loss weights applied."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen: list[dict] = []
+        self.logical_epoch = -1
+
+    def _run_epoch(self, model, epoch, *args, **kwargs):
+        self.logical_epoch = epoch
+        return super()._run_epoch(model, epoch, *args, **kwargs)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if model.training:
+            index = inputs[INDEX_KEY].cpu()
+            weights = None if self._cs_loss_weights is None else self._cs_loss_weights[index].tolist()
+            self.seen.append(
+                dict(step=self.state.global_step, epoch=self.logical_epoch, ids=index.tolist(),
+                     tokens=int(inputs["input_ids"].numel()), weights=weights)
+            )
+        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+
+
+def uneven_indices(n: int) -> list[int]:
+    """`n` indices of a 90-example dataset, all of one style first: 45 even (style A), then odd (style B)."""
+    return list(range(0, 90, 2)) + list(range(1, 90, 2))[: n - 45]
+
+
+def build_trainer(scenario: str, out_dir: str, cls=RecordingTrainer) -> ClusterTrainer:
+    """The tiny model, data and trainer of `scenario` (same in every process and in the pytest process)."""
+    spec = SCENARIOS[scenario]
+    tokenizer = tiny_assets.build_tokenizer()
+    dataset = tiny_assets.build_dataset(tokenizer, n=90)
+    if spec["n"] != 90:
+        dataset = dataset.select(uneven_indices(spec["n"]))
+    values = dict(
+        output_dir=os.path.join(out_dir, "out"),
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=8,
+        learning_rate=1e-3,
+        lr_scheduler_type="linear",
+        warmup_steps=1,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        ddp_find_unused_parameters=False,
+        seed=0,
+        disable_tqdm=True,
+    )
+    values.update(spec["args"])
+    make = ClusterSelectConfig.paper if spec.get("paper") else ClusterSelectConfig
+    return cls(
+        model=tiny_assets.build_model(tokenizer),
+        args=TrainingArguments(**values),
+        train_dataset=dataset,
+        data_collator=tiny_assets.build_collator(tokenizer),
+        cluster_config=make(**spec["config"]),
+    )
+
+
+def _iterate(trainer: RecordingTrainer, loader, sampler, epoch: int) -> list[list[int]]:
+    """Every batch a prepared loader yields on this rank for `epoch` (ids)."""
+    sampler.set_epoch(epoch)
+    loader.set_epoch(epoch)
+    return [batch[INDEX_KEY].tolist() for batch in loader]
+
+
+def run(scenario: str, out: str) -> None:
+    folder = os.path.join(out, scenario)
+    os.makedirs(folder, exist_ok=True)
+    trainer = build_trainer(scenario, folder)
+    FEATURE_CALLS.clear()
+    if scenario == "resume":
+        def no_selection(*args, **kwargs):
+            raise AssertionError("selection ran again on resume")
+
+        trainer.run_selection = no_selection
+        trainer.train(resume_from_checkpoint=os.path.join(out, "main", "out", "checkpoint-4"))
+    else:
+        trainer.train()
+    plan = trainer.step_plan
+    rank = trainer.args.process_index
+    record = dict(
+        rank=rank,
+        world_size=trainer.args.world_size,
+        global_step=trainer.state.global_step,
+        max_steps=trainer.state.max_steps,
+        plan=plan.to_dict(),
+        seen=trainer.seen,
+        feature_indices=FEATURE_CALLS,
+        selection=dict(
+            indices=trainer.selection.indices.tolist(),
+            weights=trainer.selection.weights.tolist(),
+            labels=trainer.selection.labels.tolist(),
+            all_labels=trainer._cs_labels.tolist(),
+            raw_labels=trainer._cs_raw_labels.tolist(),
+        ),
+        logs=[{k: v for k, v in entry.items() if k.startswith("cluster_select/") or k in ("step", "loss")}
+              for entry in trainer.state.log_history],
+    )
+    if scenario != "resume":
+        subset = {}
+        for epoch in range(plan.warmup_epochs, plan.num_epochs):
+            subset[epoch] = _iterate(trainer, trainer._cs_selected_loader, trainer._cs_selected_sampler, epoch)
+        record["subset_loader_len"] = len(trainer._cs_selected_loader)
+        record["subset_batches"] = subset
+        if plan.warmup_steps:
+            loader = trainer.get_train_dataloader()
+            record["warmup_batches"] = _iterate(trainer, loader, trainer._cs_warmup_sampler, 0)
+            record["warmup_loader_len"] = len(loader)
+    with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
+        json.dump(record, f)
+    params = {name: p.detach().cpu().clone() for name, p in trainer.model.named_parameters()}
+    torch.save(params, os.path.join(folder, f"params_rank{rank}.pt"))
+
+
+def main(argv: list[str]) -> None:
+    out, scenarios = argv[0], argv[1].split(",")
+    mixin.last_layer_grad_features = _recording_features  # only in the worker process, never under pytest
+    for scenario in scenarios:
+        run(scenario, out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
