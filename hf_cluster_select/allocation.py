@@ -160,7 +160,8 @@ def plan_epoch(
        are assigned at random inside each step and the steps of the window are shuffled.
 
     Pad: every position appears exactly once, except when `m < G·W` (only possible when `B == 1` or `m < W`): then the
-    order is repeated cyclically from its start up to `G·W` examples so that every batch is non-empty.
+    order is repeated cyclically from its start up to `G·W` examples so that every batch is non-empty, and the batches
+    of a micro-step are re-dealt so that no rank gets the same example twice in the epoch.
 
     Args:
         labels (`np.ndarray` of shape `[m]`, int): cluster of each position.
@@ -193,7 +194,7 @@ def plan_epoch(
     if not balance_tokens:
         for j in range(groups):
             plan.extend(_deal(rng.permutation(order[bounds[j] : bounds[j + 1]]), w))
-        return plan
+        return _separate_repeats(plan, w) if m < groups * w else plan
     for first in range(0, groups, window):
         last = min(first + window, groups)
         chunk = rng.permutation(order[bounds[first] : bounds[last]])
@@ -206,7 +207,63 @@ def plan_epoch(
             steps.append([batches[r] for r in rng.permutation(w)])
         for j in rng.permutation(len(steps)):
             plan.extend(steps[j])
-    return plan
+    return _separate_repeats(plan, w) if m < groups * w else plan
+
+
+def _separate_repeats(plan: list[list[int]], world_size: int) -> list[list[int]]:
+    """Re-deal the batches of each micro-step among the ranks so that no rank gets an example twice in the epoch.
+
+    Only the pad repeats examples (fewer than `world_size` of them, each at most once), so in every micro-step fewer
+    than `world_size` batches hold an example some rank already has, each excluding one rank: a matching always exists
+    (Hall's condition). Steps without a conflict keep their dealing.
+    """
+    seen: list[set[int]] = [set() for _ in range(world_size)]
+    out: list[list[int]] = []
+    for start in range(0, len(plan), world_size):
+        step = plan[start : start + world_size]
+        free = [[r for r in range(world_size) if not seen[r] & set(batch)] for batch in step]
+        allowed = [sorted(ranks, key=lambda r, b=b: r != b) for b, ranks in enumerate(free)]  # its own rank first
+        if any(not options or options[0] != b for b, options in enumerate(allowed)):
+            owner = [-1] * world_size  # rank -> batch, by augmenting paths (Kuhn)
+
+            def assign(b: int, visited: set[int]) -> bool:
+                for r in allowed[b]:
+                    if r not in visited:
+                        visited.add(r)
+                        if owner[r] < 0 or assign(owner[r], visited):
+                            owner[r] = b
+                            return True
+                return False
+
+            if not all(assign(b, set()) for b in range(world_size)):  # pragma: no cover - excluded by Hall's condition
+                raise RuntimeError("could not keep repeated examples off their rank.")
+            step = [step[owner[r]] for r in range(world_size)]
+        for r, batch in enumerate(step):
+            seen[r].update(batch)
+        out.extend(step)
+    return out
+
+
+def check_paper_allocation(world_size: int, cluster_method: str, kmeans_n_clusters: int | None) -> None:
+    """Fail early (before any model work) when CluSTER's one-cluster-per-rank allocation cannot work.
+
+    Args:
+        world_size (`int`): data-parallel ranks `W`.
+        cluster_method (`str`): `ClusterSelectConfig.cluster_method`.
+        kmeans_n_clusters (`int` or `None`): `ClusterSelectConfig.kmeans_n_clusters` (`None` = `W`).
+    Raises:
+        ValueError: with fewer than 2 ranks, a clusterer other than KMeans (HDBSCAN chooses its own number of
+            clusters), or a KMeans `K` other than `W`.
+    """
+    if world_size < 2:
+        raise ValueError(f"`allocation`='paper' gives each rank one cluster and needs at least 2 processes, got "
+                         f"world_size {world_size}; use `allocation`='balanced' on one process.")
+    if cluster_method != "kmeans":
+        raise ValueError(f"`allocation`='paper' needs exactly world_size={world_size} clusters: use "
+                         f"`cluster_method`='kmeans' (got {cluster_method!r}), e.g. ClusterSelectConfig.paper().")
+    if kmeans_n_clusters not in (None, world_size):
+        raise ValueError(f"`allocation`='paper' needs `kmeans_n_clusters` = world_size {world_size} (or None), got "
+                         f"{kmeans_n_clusters}.")
 
 
 def plan_epoch_paper(

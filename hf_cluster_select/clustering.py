@@ -337,7 +337,11 @@ def _place_unclustered(
 def _cluster_rows(
     x: np.ndarray, config: ClusterSelectConfig, world_size: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str | None, dict[str, Any]]:
-    """Cluster L2-normalised finite rows `x` `[n, dim]`: (labels 0..K-1, raw labels, reduced float64, fallback, params)."""
+    """Cluster L2-normalised finite rows `x` `[n, dim]`.
+
+    Returns:
+        (labels `[n]` in 0..K-1, raw labels `[n]`, reduced float64 `[n, d]`, fallback note or `None`, params).
+    """
     n_total = x.shape[0]
     # Merge rows equal to float32 precision: exact duplicates make HDBSCAN's lambdas infinite.
     unique_rows, inverse, counts = np.unique(x.astype(np.float32), axis=0, return_inverse=True, return_counts=True)

@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from . import distributed
+from .allocation import check_paper_allocation
 from .callbacks import PLOT_FILENAME, ClusterSelectCallback
 from .clustering import cluster_features
 from .config import ClusterSelectConfig
@@ -35,8 +36,8 @@ from .report import SelectionReport
 from .sampler import ClusterBatchSampler
 from .schedule import StepPlan, plan_steps
 from .selection import select_subset, selection_budget
-from .validation import check_loss_tokens, check_training_inputs
-from .weighting import weighted_loss
+from .validation import check_loss_tokens, check_map_style, check_train_dataset, check_training_inputs
+from .weighting import cluster_rank_weights, weighted_loss
 
 
 class ClusterSelectMixin:
@@ -60,6 +61,7 @@ class ClusterSelectMixin:
         if not isinstance(cluster_config, ClusterSelectConfig):
             raise TypeError(f"`cluster_config` must be a ClusterSelectConfig, got {type(cluster_config).__name__}.")
         self.cluster_config = cluster_config
+        check_map_style(kwargs.get("train_dataset", args[3] if len(args) > 3 else None))  # before Trainer's own check
         self.step_plan: StepPlan | None = None
         self.selection = None
         self.selection_report: SelectionReport | None = None
@@ -80,21 +82,7 @@ class ClusterSelectMixin:
 
     # ---- planning (before any model work) -------------------------------------------------------------------
     def _cs_check_dataset(self, dataset: Any) -> int:
-        if dataset is None:
-            raise ValueError("ClusterTrainer needs a `train_dataset`.")
-        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
-            raise ValueError(
-                f"`train_dataset` must be a map-style dataset with `__len__` (selection needs to see every example), "
-                f"got {type(dataset).__name__}; materialise a streaming dataset first (e.g. `Dataset.from_generator`)."
-            )
-        if hasattr(dataset, "keys") and not hasattr(dataset, "column_names") and hasattr(dataset, "values"):
-            raise ValueError(
-                f"`train_dataset` is a dict of splits ({sorted(dataset.keys())}); pass one split, e.g. dataset['train']."
-            )
-        n = len(dataset)
-        if n == 0:
-            raise ValueError("`train_dataset` is empty.")
-        return n
+        return check_train_dataset(dataset)  # None, dict of splits, streaming, empty: validation.py
 
     def _cs_resolve_warmup_steps(self, n: int, n_kept: int) -> int:
         config, args = self.cluster_config, self.args
@@ -134,6 +122,9 @@ class ClusterSelectMixin:
         """
         n = self._cs_check_dataset(self.train_dataset)
         n_kept = selection_budget(n, self.cluster_config.data_fraction)
+        if self.cluster_config.allocation == "paper":
+            check_paper_allocation(self.args.world_size, self.cluster_config.cluster_method,
+                                   self.cluster_config.kmeans_n_clusters)
         if self.cluster_config.feature_context == "loss_tokens" and not self._cs_is_causal_lm():
             raise ValueError(
                 "`feature_context='loss_tokens'` applies to causal language models (labels aligned with "
@@ -439,13 +430,9 @@ class ClusterSelectMixin:
         """Loss weight of each kept example `[n_kept]`: the selection's per-example weights (mean 1), or with
         `allocation="paper"` CluSTER's per-rank weight `K·|C_k|/N` (Kim et al., EMNLP 2026) — rank `k` trains only
         cluster `k`, so every example of a rank's batch carries its cluster's full-data share times `K`."""
-        selection = self.selection
         if self.cluster_config.allocation != "paper":
-            return selection.loss_weights()
-        clusters, sizes = np.unique(self._cs_labels, return_counts=True)
-        size_of = dict(zip(clusters.tolist(), sizes.tolist()))
-        k, n = self.step_plan.world_size, self.step_plan.n_examples
-        return np.array([k * size_of[int(c)] / n for c in selection.labels], dtype=np.float64)
+            return self.selection.loss_weights()
+        return cluster_rank_weights(self.selection.labels, self._cs_labels, self.step_plan.world_size)
 
     # ---- weighted loss -------------------------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

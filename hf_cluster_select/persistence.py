@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import tempfile
+import zipfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -137,7 +138,7 @@ def load_selection(folder: str) -> SavedSelection | None:
                 n_total=int(meta["n_total"]),
             )
             labels, raw_labels = data["labels"].copy(), data["raw_labels"].copy()
-    except (OSError, KeyError, ValueError) as error:
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as error:
         raise ValueError(f"{path} is not a readable selection file: {error}") from error
     return SavedSelection(
         selection=selection,

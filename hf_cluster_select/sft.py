@@ -195,6 +195,28 @@ def check_dropped(n_given: int, n_dropped: int, max_dropped_fraction: float, *, 
         )
 
 
+def tokenizer_adds_eos(tokenizer: Any) -> bool:
+    """Whether `tokenizer("...")` already ends with the EOS token (a post-processor that appends it).
+
+    TRL appends the EOS *text* to `text` and `completion` strings before tokenizing, so such a tokenizer yields a
+    doubled EOS that the model learns to emit.
+
+    Args:
+        tokenizer (`PreTrainedTokenizerBase` or `ProcessorMixin`): the trainer's `processing_class`.
+    Returns:
+        `bool`; `False` when it cannot tell (no EOS token, or not a text tokenizer).
+    """
+    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor wraps its tokenizer
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None or not callable(tokenizer):
+        return False
+    try:
+        ids = tokenizer("a")["input_ids"]
+    except Exception:  # noqa: BLE001 - a check that must never break construction
+        return False
+    return bool(ids) and ids[-1] == eos
+
+
 class ExampleWeightedForward:
     """Calls `model` and multiplies the per-token log-probabilities of TRL's fused LM head by each example's weight,
     so that `SFTTrainer.compute_loss` (`loss = -Σ log_probs / num_tokens`) computes the weighted loss

@@ -21,6 +21,7 @@ from .sft import (
     check_sft_args,
     check_sft_dataset,
     loss_free_examples,
+    tokenizer_adds_eos,
 )
 
 logger = logging.getLogger(__name__)
@@ -107,10 +108,24 @@ if _SFTTrainer is not None:
                 )
                 check_sft_args(args_given, compute_loss_func=given.get("compute_loss_func"))
                 n_given = len(given["train_dataset"])
+                first = given["train_dataset"][0]
+                text_field = getattr(args_given, "dataset_text_field", "text")
+                target = first.get("completion", first.get(text_field)) if hasattr(first, "get") else None
+                if isinstance(target, str) and tokenizer_adds_eos(given.get("processing_class")):
+                    logger.warning(
+                        "The tokenizer appends EOS itself and TRL appends it to every text/completion too: each "
+                        "example will end with a doubled EOS. Use a tokenizer without an EOS post-processor."
+                    )
             super().__init__(*args, cluster_config=cluster_config, **kwargs)
             parallelism = getattr(self.accelerator, "parallelism_config", None)
             if parallelism is not None and getattr(parallelism, "sp_enabled", False):
                 raise ValueError("ClusterSFTTrainer does not support sequence parallelism (per-example loss weights).")
+            if self.args.device.type == "cpu" and (self.args.bf16 or self.args.gradient_checkpointing):
+                logger.warning(
+                    "Training on CPU with bf16=%s and activation checkpointing=%s: on CPU both only cost time "
+                    "(about 4x slower, same losses). Pass `SFTConfig(bf16=False, activation_checkpointing=False)`.",
+                    self.args.bf16, self.args.gradient_checkpointing,
+                )
             self.n_dropped_by_preparation = self._cs_drop_loss_free(n_given, float(max_dropped_fraction))
 
         def _cs_drop_loss_free(self, n_given: int | None, max_dropped_fraction: float) -> int:
@@ -119,7 +134,8 @@ if _SFTTrainer is not None:
             empty = loss_free_examples(prepared)
             if empty.size:
                 keep = np.setdiff1d(np.arange(len(prepared)), empty)
-                self.train_dataset = prepared.select(keep) if hasattr(prepared, "select") else [prepared[i] for i in keep]
+                select = getattr(prepared, "select", None)
+                self.train_dataset = select(keep) if callable(select) else [prepared[i] for i in keep]
             if n_given is None:
                 return int(empty.size)
             dropped = n_given - len(self.train_dataset)
@@ -140,8 +156,8 @@ if _SFTTrainer is not None:
 
         def _cs_weighted_loss(self, model, inputs, weights, return_outputs=False, num_items_in_batch=None):
             """TRL's own `compute_loss` (fused LM head, metrics) with per-example weighted log-probabilities."""
-            return _SFTTrainer.compute_loss(
-                self, ExampleWeightedForward(model, weights), inputs, return_outputs=return_outputs,
+            return super(ClusterSelectMixin, self).compute_loss(  # SFTTrainer's, past the mixin's weight lookup
+                ExampleWeightedForward(model, weights), inputs, return_outputs=return_outputs,
                 num_items_in_batch=num_items_in_batch,
             )
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from torch.utils.data import IterableDataset
 
 from ._imports import require_hdbscan
 from .config import ClusterSelectConfig
@@ -20,6 +21,43 @@ logger = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
 PROBE_EXAMPLES = 8
+
+
+def check_map_style(dataset: Any) -> None:
+    """Refuse what selection cannot use: a dict of splits, or a dataset without `__len__` (streaming).
+
+    Called from `ClusterTrainer.__init__` too, before `Trainer` asks a streaming dataset for `max_steps` (setting it
+    would only lead to this error). `None` passes (a dataset may be set later).
+
+    Raises:
+        ValueError: naming the type received and what to pass instead.
+    """
+    if dataset is None:
+        return
+    if isinstance(dataset, Mapping):
+        raise ValueError(
+            f"`train_dataset` is a dict of splits ({sorted(dataset.keys())}); pass one split, e.g. dataset['train']."
+        )
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+        raise ValueError(
+            f"`train_dataset` must be a map-style dataset with `__len__` (selection needs to see every example), "
+            f"got {type(dataset).__name__}; materialise a streaming dataset first (e.g. `Dataset.from_generator`)."
+        )
+
+
+def check_train_dataset(dataset: Any) -> int:
+    """The number of training examples, after `check_map_style`.
+
+    Raises:
+        ValueError: if `dataset` is `None`, not map-style (see `check_map_style`) or empty.
+    """
+    if dataset is None:
+        raise ValueError("ClusterTrainer needs a `train_dataset`.")
+    check_map_style(dataset)
+    n = len(dataset)
+    if n == 0:
+        raise ValueError("`train_dataset` is empty.")
+    return n
 
 
 def check_dependencies(config: ClusterSelectConfig) -> None:
@@ -65,7 +103,8 @@ def probe_collator(
             returns none of `label_names`; the message lists the columns found.
     """
     count = min(len(dataset), n_probe)
-    name = type(collator).__name__
+    user_collator = getattr(collator, "data_collator", collator)  # under Trainer's RemoveColumnsCollator
+    name = getattr(user_collator, "__name__", type(user_collator).__name__)
     try:
         batch = collator([dataset[i] for i in range(count)])
     except Exception as error:

@@ -7,7 +7,6 @@ import copy
 import os
 import random
 
-import numpy as np
 import pytest
 import torch
 from datasets import Dataset, DatasetDict, disable_progress_bars
@@ -428,3 +427,32 @@ def test_loss_tokens_context_rejected_for_classifiers(tmp_path, tokenizer):
     assert isinstance(trainer, Trainer)
     with pytest.raises(ValueError, match="feature_context='loss_tokens'"):
         trainer.plan()
+
+
+def test_loss_tokens_collator_keeps_loss_bearing_tokens_only():
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from hf_cluster_select.data import LossTokensCollator
+
+    collate = LossTokensCollator(DataCollatorForLanguageModeling(pad_token_id=0), bos_token_id=3)
+    batch = collate([
+        {"input_ids": [7, 8, 9, 10, 11], "labels": [-100, -100, 9, 10, 11]},  # prompt 7 8
+        {"input_ids": [4, 9, 5, 12, 2], "labels": [-100, 9, -100, 12, 2]},  # two assistant turns: 9, then 12 2
+        {"input_ids": [6, 6], "labels": [-100, -100]},  # nothing carries loss: unchanged
+    ])
+    assert batch["input_ids"].tolist() == [[3, 9, 10, 11], [3, 9, 12, 2], [6, 6, 0, 0]]
+    assert batch["labels"].tolist() == [[-100, 9, 10, 11], [-100, 9, 12, 2], [-100, -100, -100, -100]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 0, 0]]
+
+
+def test_doubled_eos_is_warned(tmp_path, chat_lm, chat_tokenizer, caplog):
+    from tokenizers.processors import TemplateProcessing
+
+    tokenizer = copy.deepcopy(chat_tokenizer)
+    eos = tokenizer.eos_token_id
+    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(single="$A [EOS]", special_tokens=[("[EOS]", eos)])
+    assert tokenizer("add")["input_ids"][-1] == eos
+    with caplog.at_level("WARNING", logger="hf_cluster_select.trainer"):
+        ClusterSFTTrainer(model=chat_lm, args=sft_args(tmp_path), train_dataset=make_dataset("text", pairs()),
+                          processing_class=tokenizer)
+    assert "doubled EOS" in caplog.text

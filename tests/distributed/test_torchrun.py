@@ -1,8 +1,8 @@
 """Real multi-process ClusterTrainer runs (torchrun, gloo on CPU, `use_cpu=True`, one thread per process).
 
-One 2-process job runs the `main`, `resume`, `select0` and `paper` scenarios of `worker.py` and one 3-process job
-runs `main3` and `select0`; the tests below assert on what every rank wrote, with exact id lists recomputed here
-from the sampler (accelerate deals batch `k` of the global plan to rank `k % world_size`).
+One 2-process job runs the `main`, `resume`, `select0`, `paper` and `paper_resume` scenarios of `worker.py` and one
+3-process job runs `main3` and `select0`; the tests below assert on what every rank wrote, with exact id lists
+recomputed here from the sampler (accelerate deals batch `k` of the global plan to rank `k % world_size`).
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ def _load(folder: str, scenario: str, nproc: int) -> list[dict]:
 def two(tmp_path_factory):
     """The 2-process job: every scenario's per-rank records."""
     folder = str(tmp_path_factory.mktemp("torchrun2"))
-    torchrun([WORKER, folder, "main,resume,select0,paper"], nproc=2, timeout=240)
-    return {s: _load(folder, s, 2) for s in ("main", "resume", "select0", "paper")}
+    scenarios = ("main", "resume", "select0", "paper", "paper_resume")
+    torchrun([WORKER, folder, ",".join(scenarios)], nproc=2, timeout=240)
+    return {s: _load(folder, s, 2) for s in scenarios}
 
 
 @pytest.fixture(scope="module")
@@ -123,10 +124,11 @@ def test_each_rank_sees_exactly_its_share(job, scenarios, lengths, request):
     runs = request.getfixturevalue(job)
     for scenario in scenarios:
         records = runs[scenario]
-        plan, world = records[0]["plan"], len(records)
+        plan = records[0]["plan"]
         kept = sorted(records[0]["selection"]["indices"])
-        assert sorted(map(int, records[0]["subset_batches"])) == list(range(plan["warmup_steps"] > 0, len(
-            records[0]["subset_batches"]) + (plan["warmup_steps"] > 0)))
+        first_subset_epoch = 1 if plan["warmup_steps"] else 0
+        assert sorted(map(int, records[0]["subset_batches"])) == list(
+            range(first_subset_epoch, first_subset_epoch + plan["selected_epochs"]))
         for epoch in sorted(map(int, records[0]["subset_batches"])):
             expected = _expected_subset_batches(records, scenario, lengths, epoch)
             union = []
@@ -151,7 +153,7 @@ def test_each_rank_sees_exactly_its_share(job, scenarios, lengths, request):
 
 
 # ---- 3. equal batches and steps on every rank ----------------------------------------------------------------
-@pytest.mark.parametrize("job, scenarios", [("two", ("main", "resume", "select0", "paper")),
+@pytest.mark.parametrize("job, scenarios", [("two", ("main", "resume", "select0", "paper", "paper_resume")),
                                             ("three", ("main3", "select0"))])
 def test_every_rank_takes_the_planned_steps(job, scenarios, request):
     runs = request.getfixturevalue(job)
@@ -166,9 +168,10 @@ def test_every_rank_takes_the_planned_steps(job, scenarios, request):
         assert all(counts == micro_per_step[0] for counts in micro_per_step), scenario
         # gradient accumulation: full steps of `gradient_accumulation_steps` micro-batches, the epoch's rest last
         accumulation, batches = plan["gradient_accumulation_steps"], plan["selected_batches_per_epoch"]
-        epoch_steps = [accumulation] * (batches // accumulation) + ([batches % accumulation] if batches % accumulation else [])
+        rest = [batches % accumulation] if batches % accumulation else []
+        epoch_steps = [accumulation] * (batches // accumulation) + rest
         expected = [accumulation] * plan["warmup_steps"] + epoch_steps * plan["selected_epochs"]
-        first = 4 if scenario == "resume" else 0
+        first = {"resume": 4, "paper_resume": 3}.get(scenario, 0)
         assert micro_per_step[0][first:] == expected[first : plan["total_steps"]], scenario
 
 
@@ -180,18 +183,19 @@ def test_three_ranks_uneven_split(three):
 
 
 # ---- 4. resume -----------------------------------------------------------------------------------------------
-def test_resume_replays_the_same_ids_and_weights(two):
-    main, resumed = two["main"], two["resume"]
-    for full, again in zip(main, resumed):
+@pytest.mark.parametrize("run, resumed, step, n_micro", [("main", "resume", 4, 8), ("paper", "paper_resume", 3, 3)])
+def test_resume_replays_the_same_ids_and_weights(two, run, resumed, step, n_micro):
+    for full, again in zip(two[run], two[resumed]):
         assert again["feature_indices"] == []  # selection read from the checkpoint, never recomputed
-        assert again["selection"] == full["selection"]
-        tail = [(m["step"], m["epoch"], m["ids"]) for m in full["seen"] if m["step"] >= 4]
-        assert [(m["step"], m["epoch"], m["ids"]) for m in again["seen"]] == tail
-        assert len(tail) == 8  # the 2nd subset epoch's last step (2 micro-batches) and the 3rd epoch (6)
+        assert again["selection"] == full["selection"] and again["plan"] == full["plan"]
+        tail = [(m["step"], m["epoch"], m["ids"], m["weights"]) for m in full["seen"] if m["step"] >= step]
+        assert [(m["step"], m["epoch"], m["ids"], m["weights"]) for m in again["seen"]] == tail
+        # main: the 2nd subset epoch's last step (2 micro-batches) and the 3rd epoch (6); paper: 3 of 6 steps
+        assert len(tail) == n_micro
         for name, value in full["params"].items():
             assert torch.allclose(value, again["params"][name], atol=1e-6), name
-    for name, value in main[0]["params"].items():  # DDP kept the ranks' weights identical
-        assert torch.equal(value, main[1]["params"][name]), name
+    for name, value in two[run][0]["params"].items():  # DDP kept the ranks' weights identical
+        assert torch.equal(value, two[run][1]["params"][name]), name
 
 
 # ---- 5. token balance measured and logged ----------------------------------------------------------------------
@@ -211,7 +215,7 @@ def _check_token_logs(records, first_step: int) -> int:
         assert entry[METRICS[1]] == pytest.approx(np.mean(average))
         assert entry[METRICS[2]] == pytest.approx(np.mean(np.array(busiest) / np.array(average)))
         for record in records[1:]:  # every rank logs the same numbers
-            twin = [e for e in record["logs"] if e.get("step") == entry["step"] and "loss" in e][0]
+            twin = next(e for e in record["logs"] if e.get("step") == entry["step"] and "loss" in e)
             assert all(twin[k] == entry[k] for k in METRICS)
         previous = entry["step"]
         checked += 1

@@ -10,7 +10,8 @@ Scenarios (run in the order given, in one process group, so the start-up cost is
 - `select0`: selection before training (warm-up 0), 36 of 90 kept (the last micro-step holds 4 examples for 8
   slots), token metrics averaged over 2-step logging intervals.
 - `paper`: CluSTER's allocation (`ClusterSelectConfig.paper`, proportional quota) on 65 examples with uneven
-  styles; one cluster per rank, per-rank loss weight K·|C_k|/N.
+  styles; one cluster per rank, per-rank loss weight K·|C_k|/N; checkpoint at step 3.
+- `paper_resume`: resumes `paper` from its checkpoint-3; selection (made before training) must not run again.
 
 Each rank writes `OUT/<scenario>/rank<r>.json` (trained micro-batches, loader lengths, selection, plan, logs) and
 `OUT/<scenario>/params_rank<r>.pt` (final weights). `build_trainer` is also imported by the tests to make the same
@@ -39,8 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository (hf
 import tiny_assets  # noqa: E402
 from transformers import TrainingArguments  # noqa: E402
 
-import hf_cluster_select.mixin as mixin  # noqa: E402
-from hf_cluster_select import ClusterSelectConfig, ClusterTrainer  # noqa: E402
+from hf_cluster_select import ClusterSelectConfig, ClusterTrainer, mixin  # noqa: E402
 from hf_cluster_select.data import INDEX_KEY  # noqa: E402
 
 FEATURE_CALLS: list[list[int]] = []  # the dataset indices this process computed features for, per call
@@ -73,10 +73,12 @@ SCENARIOS = {
         n=65,
         paper=True,
         config=dict(data_fraction=0.5, quota="proportional"),
-        args=dict(num_train_epochs=1),
+        args=dict(num_train_epochs=1, save_strategy="steps", save_steps=3),
     ),
 }
 SCENARIOS["resume"] = SCENARIOS["main"]
+SCENARIOS["paper_resume"] = SCENARIOS["paper"]
+RESUME_FROM = {"resume": ("main", 4), "paper_resume": ("paper", 3)}  # scenario -> (run, checkpoint step)
 
 
 class RecordingTrainer(ClusterTrainer):
@@ -153,12 +155,13 @@ def run(scenario: str, out: str) -> None:
     os.makedirs(folder, exist_ok=True)
     trainer = build_trainer(scenario, folder)
     FEATURE_CALLS.clear()
-    if scenario == "resume":
+    if scenario in RESUME_FROM:
         def no_selection(*args, **kwargs):
             raise AssertionError("selection ran again on resume")
 
         trainer.run_selection = no_selection
-        trainer.train(resume_from_checkpoint=os.path.join(out, "main", "out", "checkpoint-4"))
+        run_name, step = RESUME_FROM[scenario]
+        trainer.train(resume_from_checkpoint=os.path.join(out, run_name, "out", f"checkpoint-{step}"))
     else:
         trainer.train()
     plan = trainer.step_plan
@@ -181,7 +184,7 @@ def run(scenario: str, out: str) -> None:
         logs=[{k: v for k, v in entry.items() if k.startswith("cluster_select/") or k in ("step", "loss")}
               for entry in trainer.state.log_history],
     )
-    if scenario != "resume":
+    if scenario not in RESUME_FROM:
         subset = {}
         for epoch in range(plan.warmup_epochs, plan.num_epochs):
             subset[epoch] = _iterate(trainer, trainer._cs_selected_loader, trainer._cs_selected_sampler, epoch)

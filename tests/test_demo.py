@@ -1,0 +1,33 @@
+"""The README's main job, as a smoke run on the real SmolLM2 model and MathQA data (`--quick`)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+pytest.importorskip("gguf")
+
+
+@pytest.mark.slow
+def test_demo_quick_end_to_end(tmp_path):
+    from hf_cluster_select.demo.__main__ import main
+
+    results = main(["--quick", "--output-dir", str(tmp_path)])
+    full, ours = results["arms"]["full"], results["arms"]["cluster"]
+    n = results["n_train"]
+    assert full["steps"] == math.ceil(n / 4)  # batch 4, 1 epoch, 1 process
+    kept = math.floor(0.3 * n + 0.5)
+    assert ours["selected_examples"] == kept
+    assert ours["steps"] == 2 + math.ceil(kept / 4)  # 2 warm-up steps + one epoch over the kept set
+    for arm in (full, ours):
+        assert math.isfinite(arm["eval_loss"]) and 0.0 <= arm["accuracy"] <= 1.0 and arm["n"] == results["n_eval"]
+    assert ours["full_data_seconds_basis"] == "measured"
+    assert ours["seconds_saved"] == pytest.approx(
+        full["train_seconds"] - (ours["warmup_seconds"] + ours["features_seconds"] + ours["clustering_seconds"]
+                                 + ours["training_seconds"]), rel=1e-6)
+    card = (tmp_path / "cluster" / "README.md").read_text()
+    assert f"{kept} / {n}" in card and "Demo comparison" in card
+    saved = json.loads((tmp_path / "demo_results.json").read_text())
+    assert saved["arms"]["cluster"]["selected_examples"] == kept
