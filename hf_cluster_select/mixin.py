@@ -12,8 +12,6 @@ Private Trainer hooks overridden (pinned transformers range in setup.cfg; each i
 
 from __future__ import annotations
 
-import math
-import os
 from typing import Any
 
 import numpy as np
@@ -21,26 +19,22 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from . import distributed
 from .allocation import check_paper_allocation
-from .callbacks import PLOT_FILENAME, ClusterSelectCallback
-from .clustering import cluster_features
+from .artifacts import SelectionArtifactsMixin
+from .callbacks import ClusterSelectCallback
 from .config import ClusterSelectConfig
 from .data import IndexCollator, IndexedDataset, INDEX_KEY, LossTokensCollator, example_lengths
-from .features.last_layer_grad import last_layer_grad_features
-from .features.projection import RandomProjection
-from .model_card import write_model_card
-from .persistence import data_fingerprint, load_selection, resolve_resume_checkpoint, save_selection
-from .plots import plot_cluster_sizes
+from .pipeline import select_with_model
+from .persistence import data_fingerprint, load_selection, resolve_resume_checkpoint
 from .report import SelectionReport
 from .sampler import ClusterBatchSampler
-from .schedule import StepPlan, plan_steps
-from .selection import select_subset, selection_budget
-from .validation import check_loss_tokens, check_map_style, check_train_dataset, check_training_inputs
+from .schedule import StepPlan, plan_steps, resolve_warmup_steps
+from .selection import selection_budget
+from .validation import check_map_style, check_train_dataset, check_training_inputs
 from .weighting import cluster_rank_weights, weighted_loss
 
 
-class ClusterSelectMixin:
+class ClusterSelectMixin(SelectionArtifactsMixin):
     """Adds cluster-based data selection to a `transformers.Trainer` subclass. Put it first in the bases.
 
     Args:
@@ -90,20 +84,12 @@ class ClusterSelectMixin:
             return 0
         if config.warmup_steps is not None:
             return config.warmup_steps
-        lr_warmup = args.warmup_steps
-        if lr_warmup >= 1 or lr_warmup <= 0:
-            return int(max(lr_warmup, 0))
-        geometry = self._cs_geometry()
-        if args.max_steps > 0:
-            return math.ceil(lr_warmup * args.max_steps)
-        base = plan_steps(n_examples=n, n_kept=n_kept, warmup_steps=0, num_train_epochs=args.num_train_epochs, **geometry)
-        warmup = 0
-        for _ in range(100):  # the LR warm-up is a ratio of a total that includes the warm-up itself
-            new = math.ceil(lr_warmup * (warmup + base.total_steps))
-            if new == warmup:
-                break
-            warmup = new
-        return warmup
+        base_total = None
+        if 0 < args.warmup_steps < 1 and args.max_steps <= 0:
+            base_total = plan_steps(
+                n_examples=n, n_kept=n_kept, warmup_steps=0, num_train_epochs=args.num_train_epochs, **self._cs_geometry()
+            ).total_steps
+        return resolve_warmup_steps(args.warmup_steps, max_steps=args.max_steps, total_without_warmup=base_total)
 
     def _cs_geometry(self) -> dict[str, int]:
         return dict(
@@ -206,6 +192,21 @@ class ClusterSelectMixin:
             params["prefetch_factor"] = self.args.dataloader_prefetch_factor
         return self.accelerator.prepare(DataLoader(IndexedDataset(dataset), **params))
 
+    def _cs_make_sampler(self, indices, labels, allocation: str = "balanced", num_batches: int | None = None):
+        plan, config = self.step_plan, self.cluster_config
+        return ClusterBatchSampler(
+            indices=indices,
+            labels=labels,
+            lengths=self._cs_lengths[np.asarray(indices)],
+            world_size=plan.world_size,
+            per_device_batch_size=plan.per_device_batch_size,
+            seed=config.seed,
+            balance_tokens=config.balance_tokens,
+            window=config.balance_window,
+            allocation=allocation,
+            num_batches=num_batches,
+        )
+
     def get_train_dataloader(self) -> DataLoader:
         """The warm-up dataloader: the full data in a seeded random order, balanced over ranks, yielding exactly
         `warmup_steps × gradient_accumulation_steps` per-device batches per rank (a full epoch when warm-up is 0).
@@ -213,17 +214,7 @@ class ClusterSelectMixin:
         plan = self.step_plan or self.plan()
         n = plan.n_examples
         num_batches = plan.warmup_steps * plan.gradient_accumulation_steps * plan.world_size or None
-        sampler = ClusterBatchSampler(
-            indices=np.arange(n),
-            labels=np.zeros(n, dtype=np.int64),
-            lengths=self._cs_lengths,
-            world_size=plan.world_size,
-            per_device_batch_size=plan.per_device_batch_size,
-            seed=self.cluster_config.seed,
-            balance_tokens=self.cluster_config.balance_tokens,
-            window=self.cluster_config.balance_window,
-            num_batches=num_batches,
-        )
+        sampler = self._cs_make_sampler(np.arange(n), np.zeros(n, dtype=np.int64), num_batches=num_batches)
         self._cs_warmup_sampler = sampler
         return self._cs_build_loader(sampler)
 
@@ -317,57 +308,20 @@ class ClusterSelectMixin:
         Args:
             model (`torch.nn.Module`, *optional*): the (possibly wrapped) model; defaults to `self.model`.
         """
-        config, plan = self.cluster_config, self.step_plan or self.plan()
-        model = self.accelerator.unwrap_model(model if model is not None else self.model)
-        callback = self.cluster_callback
-        n = plan.n_examples
+        plan = self.step_plan or self.plan()
         dataset, collator = self._cs_feature_view()
-        local = distributed.shard_indices(n, self.args.world_size, self.args.process_index)
-        callback.start("features")
-        projection = None
-        if config.projection_dim is not None:
-            hidden = model.get_output_embeddings().weight.shape[1] if model.get_output_embeddings() is not None else None
-            projection = RandomProjection(hidden, config.projection_dim, seed=config.seed) if hidden else None
-        output = last_layer_grad_features(
-            model,
+        outcome = select_with_model(
+            self.accelerator.unwrap_model(model if model is not None else self.model),
             dataset,
-            local,
             collator,
-            batch_size=config.feature_batch_size or self.args.per_device_eval_batch_size,
-            lengths=[int(self._cs_lengths[i]) for i in local],
-            projection=projection,
+            config=self.cluster_config,
+            plan=plan,
+            lengths=self._cs_lengths,
+            callback=self.cluster_callback,
+            batch_size=self.cluster_config.feature_batch_size or self.args.per_device_eval_batch_size,
             show_progress=self.is_world_process_zero() and not self.args.disable_tqdm,
         )
-        features = distributed.gather_rows(output.features, local, n)
-        loss_tokens = distributed.gather_rows(output.loss_tokens.reshape(-1, 1), local, n).reshape(-1).numpy()
-        check_loss_tokens(loss_tokens)
-        callback.stop("features")
-        callback.start("clustering")
-        payload = None
-        if distributed.rank() == 0:
-            result = cluster_features(features.numpy(), config, world_size=plan.world_size, loss_tokens=loss_tokens)
-            chosen = select_subset(result, config)
-            report = SelectionReport.from_results(
-                result,
-                chosen,
-                config,
-                tokens_total=int(loss_tokens.sum()),
-                tokens_kept=int(loss_tokens[chosen.indices].sum()),
-                token_kind="loss",
-                world_size=plan.world_size,
-                per_device_train_batch_size=plan.per_device_batch_size,
-                gradient_accumulation_steps=plan.gradient_accumulation_steps,
-                warmup_steps=plan.warmup_steps,
-                selected_steps=plan.selected_steps,
-                full_data_steps=plan.full_data_steps,
-            )
-            payload = (chosen, result.labels, result.raw_labels, report)
-        chosen, labels, raw_labels, report = distributed.broadcast_object(payload)
-        callback.stop("clustering")
-        report.warmup_seconds = callback.measured("warmup")
-        report.features_seconds = callback.measured("features")
-        report.clustering_seconds = callback.measured("clustering")
-        report.selection_seconds = report.features_seconds + report.clustering_seconds
+        chosen, labels, raw_labels, report = outcome.selection, outcome.labels, outcome.raw_labels, outcome.report
         self.selection_report = report
         self._cs_set_selection(chosen, labels, raw_labels)
         report.selected_steps = self.step_plan.selected_steps  # re-planned from the paper allocation's real length
@@ -395,17 +349,7 @@ class ClusterSelectMixin:
         weights = torch.zeros(plan.n_examples, dtype=torch.float32)
         weights[torch.as_tensor(selection.indices)] = torch.as_tensor(self._cs_kept_loss_weights(), dtype=torch.float32)
         self._cs_loss_weights = weights
-        sampler = ClusterBatchSampler(
-            indices=selection.indices,
-            labels=selection.labels,
-            lengths=self._cs_lengths[selection.indices],
-            world_size=plan.world_size,
-            per_device_batch_size=plan.per_device_batch_size,
-            seed=config.seed,
-            balance_tokens=config.balance_tokens,
-            window=config.balance_window,
-            allocation=config.allocation,
-        )
+        sampler = self._cs_make_sampler(selection.indices, selection.labels, allocation=config.allocation)
         if len(sampler) != plan.selected_batches_per_epoch * plan.world_size and config.allocation == "paper" and (
             not self._cs_plan_fixed
         ):  # one cluster per rank: the largest kept cluster sets the batch count; plan the steps from it
@@ -474,49 +418,3 @@ class ClusterSelectMixin:
         if "loss" in logs and callback is not None:
             logs.update(callback.token_metrics())
         super().log(logs, *args, **kwargs)
-
-    # ---- report, persistence, model card ------------------------------------------------------------------
-    def finalize_selection_report(self, measured_full_seconds: float | None = None) -> SelectionReport:
-        """Fill the report's training time and the savings estimate from what the callback measured.
-
-        Args:
-            measured_full_seconds (`float`, *optional*): wall seconds of a measured full-data run of the same
-                recipe; without it the full-data time is estimated from the measured warm-up throughput.
-        Returns:
-            `SelectionReport` (also stored as `self.selection_report`).
-        """
-        report, callback = self.selection_report, self.cluster_callback
-        report.warmup_seconds = callback.measured("warmup") or 0.0
-        report.training_seconds = callback.measured("training") or 0.0
-        report.total_seconds = None
-        report.apply_savings(measured_full_seconds)
-        return self.selection_report
-
-    def save_cluster_selection(self, folder: str) -> str | None:
-        """Write the selection (indices, weights, labels, config, data fingerprint, report) into `folder`
-        atomically; nothing before selection. Returns the path written, or `None`."""
-        if self.selection is None:
-            return None
-        return save_selection(
-            folder,
-            self.selection,
-            labels=self._cs_labels,
-            raw_labels=self._cs_raw_labels,
-            config=self.cluster_config.to_dict(),
-            fingerprint=data_fingerprint(self._cs_lengths),
-            extra={"report": self.selection_report.to_dict() if self.selection_report else None},
-        )
-
-    def write_selection_card(self, output_dir: str) -> str | None:
-        """Add the selection section and cluster-size plot to `output_dir/README.md` (keeping what is there)."""
-        if self.selection_report is None:
-            return None
-        plot_cluster_sizes(self.selection_report, os.path.join(output_dir, PLOT_FILENAME))
-        base = getattr(getattr(self.model, "config", None), "_name_or_path", None)
-        return write_model_card(output_dir, self.selection_report, base_model=base, plot_filename=PLOT_FILENAME)
-
-    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
-        """The parent's model card, then the selection section appended (rank 0)."""
-        super().create_model_card(*args, **kwargs)
-        if self.is_world_process_zero():
-            self.write_selection_card(self.args.output_dir)

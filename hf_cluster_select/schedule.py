@@ -197,3 +197,34 @@ def plan_steps(
         total_steps=warmup_steps + selected,
         full_data_steps=full_data_steps,
     )
+
+
+def resolve_warmup_steps(lr_warmup: float, *, max_steps: int = -1, total_without_warmup: int | None = None) -> int:
+    """Warm-up steps on the full data when `ClusterSelectConfig.warmup_steps` is None: the LR warm-up of
+    `TrainingArguments.warmup_steps` (an int >= 1 is a step count; a float in (0, 1) a ratio of the total steps).
+
+    A ratio applies to a total that includes the warm-up itself, so with epochs the smallest fixed point
+    `w = ceil(ratio · (w + total_without_warmup))` is used; with `max_steps > 0` it is `ceil(ratio · max_steps)`.
+
+    Args:
+        lr_warmup (`float`): `TrainingArguments.warmup_steps`.
+        max_steps (`int`, *optional*, defaults to `-1`): `TrainingArguments.max_steps`.
+        total_without_warmup (`int`, *optional*): planned steps with no warm-up (needed for a ratio without max_steps).
+    Returns:
+        `int` >= 0.
+    Raises:
+        ValueError: if a ratio is given with neither `max_steps > 0` nor `total_without_warmup`.
+    """
+    if lr_warmup >= 1 or lr_warmup <= 0:
+        return int(max(lr_warmup, 0))
+    if max_steps is not None and max_steps > 0:
+        return math.ceil(lr_warmup * max_steps)
+    if total_without_warmup is None:
+        raise ValueError("`total_without_warmup` is needed to resolve a warm-up ratio without `max_steps`.")
+    warmup = 0
+    for _ in range(100):
+        new = math.ceil(lr_warmup * (warmup + total_without_warmup))
+        if new == warmup:
+            break
+        warmup = new
+    return warmup

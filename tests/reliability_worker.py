@@ -124,7 +124,7 @@ def _pause(marker: str) -> None:
 def _install_pause(phase: str, marker: str, trainer) -> None:
     from transformers import TrainerCallback
 
-    import hf_cluster_select.mixin as mixin
+    import hf_cluster_select.pipeline as mixin
 
     if phase == "features":
         original = mixin.last_layer_grad_features

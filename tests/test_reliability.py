@@ -17,7 +17,7 @@ import torch
 from sklearn.metrics import adjusted_rand_score
 from transformers import DataCollatorWithPadding, TrainingArguments
 
-import hf_cluster_select.mixin as mixin
+import hf_cluster_select.pipeline as mixin
 from hf_cluster_select import ClusterSelectConfig, ClusterTrainer, SelectionReport
 from hf_cluster_select._types import NO_LOSS_LABEL, NONFINITE_LABEL, Selection
 from hf_cluster_select.clustering import cluster_features

@@ -12,7 +12,7 @@ import torch
 from datasets import Dataset, DatasetDict, disable_progress_bars
 from trl import SFTConfig, SFTTrainer
 
-import hf_cluster_select.mixin as mixin_module
+import hf_cluster_select.pipeline as mixin_module
 from hf_cluster_select import ClusterSelectConfig, ClusterSFTTrainer, SelectionReport
 from hf_cluster_select.data import INDEX_KEY
 from hf_cluster_select.features.last_layer_grad import last_layer_grad_features

@@ -40,7 +40,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository (hf
 import tiny_assets  # noqa: E402
 from transformers import TrainingArguments  # noqa: E402
 
-from hf_cluster_select import ClusterSelectConfig, ClusterTrainer, mixin  # noqa: E402
+from hf_cluster_select import ClusterSelectConfig, ClusterTrainer  # noqa: E402
+from hf_cluster_select import pipeline as mixin  # noqa: E402
 from hf_cluster_select.data import INDEX_KEY  # noqa: E402
 
 FEATURE_CALLS: list[list[int]] = []  # the dataset indices this process computed features for, per call

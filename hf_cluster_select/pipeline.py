@@ -1,0 +1,130 @@
+"""Selection from a model, across ranks: features → gather → cluster + select on rank 0 → broadcast (layer L3).
+
+No Trainer import: the trainer hands in the model, the data view and the step plan; this module returns the
+selection and its measured report. Timings go to the `ClusterSelectCallback` clock passed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from . import distributed
+from ._types import Selection
+from .callbacks import ClusterSelectCallback
+from .clustering import cluster_features
+from .config import ClusterSelectConfig
+from .features.last_layer_grad import last_layer_grad_features
+from .features.projection import RandomProjection
+from .report import SelectionReport
+from .schedule import StepPlan
+from .selection import select_subset
+from .validation import check_loss_tokens
+
+
+@dataclass(frozen=True)
+class SelectionOutcome:
+    """What `select_with_model` returns, identical on every rank.
+
+    Attributes:
+        selection (`Selection`): kept indices `[n_kept]`, weights, kept labels.
+        labels (`np.ndarray` of shape `[n_examples]`): cluster of every example.
+        raw_labels (`np.ndarray` of shape `[n_examples]`): clusterer label of every example (-1 = noise).
+        report (`SelectionReport`): counts and measured seconds (warm-up, features, clustering).
+    """
+
+    selection: Selection
+    labels: np.ndarray
+    raw_labels: np.ndarray
+    report: SelectionReport
+
+
+def _projection(model: torch.nn.Module, config: ClusterSelectConfig) -> RandomProjection | None:
+    if config.projection_dim is None:
+        return None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None or getattr(head, "weight", None) is None:
+        raise ValueError("`projection_dim` needs a model with output embeddings (a language-model head).")
+    return RandomProjection(head.weight.shape[1], config.projection_dim, seed=config.seed)
+
+
+def select_with_model(
+    model: torch.nn.Module,
+    dataset: Any,
+    collator: Any,
+    *,
+    config: ClusterSelectConfig,
+    plan: StepPlan,
+    lengths: Sequence[int],
+    callback: ClusterSelectCallback,
+    batch_size: int,
+    show_progress: bool = True,
+) -> SelectionOutcome:
+    """Choose the training subset with the current model (CluSTER, Kim et al., EMNLP 2026, with HDBSCAN clusters).
+
+    Each rank computes the learning-effect features of its strided shard (`distributed.shard_indices`); the rows are
+    gathered in dataset order; rank 0 clusters, selects and builds the report; the result is broadcast.
+
+    Args:
+        model (`torch.nn.Module`): the unwrapped model (eval mode is set and restored by the feature code).
+        dataset (map-style dataset of `dict`): the training examples as the collator expects them.
+        collator (`Callable[[list[dict]], dict]`): builds batches with `labels` (-100 = no loss).
+        config (`ClusterSelectConfig`): selection settings.
+        plan (`StepPlan`): the run's step plan (for counts and geometry in the report).
+        lengths (sequence of `int`, length `n_examples`): token length of every example (batching by length).
+        callback (`ClusterSelectCallback`): its clock measures the `features` and `clustering` phases.
+        batch_size (`int`): examples per feature forward pass.
+        show_progress (`bool`, *optional*, defaults to `True`): tqdm bar on this rank.
+    Returns:
+        `SelectionOutcome`.
+    Raises:
+        ValueError: if no example has a loss-bearing token, or `projection_dim` is set for a model without a head.
+    """
+    n = plan.n_examples
+    local = distributed.shard_indices(n, distributed.world_size(), distributed.rank())
+    callback.start("features")
+    output = last_layer_grad_features(
+        model,
+        dataset,
+        local,
+        collator,
+        batch_size=batch_size,
+        lengths=[int(lengths[i]) for i in local],
+        projection=_projection(model, config),
+        show_progress=show_progress,
+    )
+    features = distributed.gather_rows(output.features, local, n)
+    loss_tokens = distributed.gather_rows(output.loss_tokens.reshape(-1, 1), local, n).reshape(-1).numpy()
+    check_loss_tokens(loss_tokens)
+    callback.stop("features")
+    callback.start("clustering")
+    payload = None
+    if distributed.rank() == 0:
+        result = cluster_features(features.numpy(), config, world_size=plan.world_size, loss_tokens=loss_tokens)
+        chosen = select_subset(result, config)
+        report = SelectionReport.from_results(
+            result,
+            chosen,
+            config,
+            tokens_total=int(loss_tokens.sum()),
+            tokens_kept=int(loss_tokens[chosen.indices].sum()),
+            token_kind="loss",
+            world_size=plan.world_size,
+            per_device_train_batch_size=plan.per_device_batch_size,
+            gradient_accumulation_steps=plan.gradient_accumulation_steps,
+            warmup_steps=plan.warmup_steps,
+            selected_steps=plan.selected_steps,
+            full_data_steps=plan.full_data_steps,
+        )
+        payload = SelectionOutcome(chosen, result.labels, result.raw_labels, report)
+    outcome = distributed.broadcast_object(payload)
+    callback.stop("clustering")
+    report = outcome.report
+    report.warmup_seconds = callback.measured("warmup")
+    report.features_seconds = callback.measured("features")
+    report.clustering_seconds = callback.measured("clustering")
+    report.selection_seconds = report.features_seconds + report.clustering_seconds
+    return outcome
