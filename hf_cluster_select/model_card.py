@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from collections.abc import Mapping
 from typing import Any
+
+from .atomic import atomic_open
 
 START_MARKER = "<!-- hf_cluster_select:start -->"
 END_MARKER = "<!-- hf_cluster_select:end -->"
@@ -180,19 +181,8 @@ def replace_section(content: str, section: str) -> str:
 
 
 def _atomic_write(path: str, text: str) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic_open(path, "w") as handle:
+        handle.write(text)
 
 
 def write_model_card(

@@ -17,18 +17,17 @@ import json
 import logging
 import os
 import re
-import tempfile
 import zipfile
 from dataclasses import dataclass
 
 import numpy as np
 
 from ._types import Selection
+from .atomic import atomic_open, temporary_pattern
 
 SELECTION_FILENAME = "cluster_selection.npz"
 TRAINER_STATE_FILENAME = "trainer_state.json"  # transformers' TRAINER_STATE_NAME, written last into a checkpoint
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-_TMP_PATTERN = ".cluster_selection.*.npz.tmp"
 
 logger = logging.getLogger(__name__)
 
@@ -97,25 +96,18 @@ def save_selection(
         raise FileNotFoundError(f"`folder` {folder!r} does not exist.")
     meta = json.dumps({"config": config, "fingerprint": fingerprint, "n_total": selection.n_total, "extra": extra or {}})
     path = os.path.join(folder, SELECTION_FILENAME)
-    for stale in glob.glob(os.path.join(glob.escape(folder), _TMP_PATTERN)):  # left by a run killed mid-write
+    for stale in glob.glob(temporary_pattern(path)):  # left by a run killed mid-write
         os.remove(stale)
-    handle, tmp = tempfile.mkstemp(prefix=".cluster_selection.", suffix=".npz.tmp", dir=folder)
-    try:
-        with os.fdopen(handle, "wb") as f:
-            np.savez(
-                f,
-                indices=np.asarray(selection.indices, dtype=np.int64),
-                weights=np.asarray(selection.weights, dtype=np.float64),
-                kept_labels=np.asarray(selection.labels, dtype=np.int64),
-                labels=np.asarray(labels, dtype=np.int64),
-                raw_labels=np.asarray(raw_labels, dtype=np.int64),
-                meta=np.array(meta),
-            )
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic_open(path, "wb") as f:
+        np.savez(
+            f,
+            indices=np.asarray(selection.indices, dtype=np.int64),
+            weights=np.asarray(selection.weights, dtype=np.float64),
+            kept_labels=np.asarray(selection.labels, dtype=np.int64),
+            labels=np.asarray(labels, dtype=np.int64),
+            raw_labels=np.asarray(raw_labels, dtype=np.int64),
+            meta=np.array(meta),
+        )
     return path
 
 

@@ -4,9 +4,10 @@ the Agg canvas, so that plotting never changes the caller's pyplot backend or gl
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 from typing import Any
+
+from .atomic import atomic_open
 
 
 def _values(report: Any) -> Mapping[str, Any]:
@@ -68,16 +69,6 @@ def plot_cluster_sizes(report: Any, path: str | os.PathLike, *, dpi: int = 120) 
     fig.tight_layout()
 
     path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            fig.savefig(handle, format="png")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic_open(path, "wb") as handle:
+        fig.savefig(handle, format="png")
     return path

@@ -11,13 +11,13 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ._types import ClusteringResult, Selection
+from .atomic import atomic_open
 from .config import ClusterSelectConfig
 
 TOKEN_KINDS = ("loss", "input")
@@ -305,20 +305,8 @@ class SelectionReport:
             `str`: the path written.
         """
         path = os.fspath(path)
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(self.to_json())
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        with atomic_open(path, "w") as handle:
+            handle.write(self.to_json())
         return path
 
     @classmethod

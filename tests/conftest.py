@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
-import random
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -16,58 +16,19 @@ import torch
 
 torch.set_num_threads(1)
 
-WORDS = (
-    "add subtract multiply divide number total sum answer question what is the of and price cost apple "
-    "train speed hour minute distance percent ratio area circle square triangle side length width"
-).split()
-
-
-def make_texts(n: int, seed: int = 0) -> list[str]:
-    """`n` short pseudo-sentences from a fixed vocabulary, in two styles (two 'skills')."""
-    rng = random.Random(seed)
-    texts = []
-    for i in range(n):
-        k = rng.randint(4, 14)
-        words = rng.sample(WORDS[:18], k=min(k, 18)) if i % 2 == 0 else rng.choices(WORDS[18:], k=k)
-        texts.append(" ".join(words))
-    return texts
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tiny_assets  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def tokenizer():
     """A WordLevel tokenizer trained locally, with distinct pad / eos tokens."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(
-        [" ".join(WORDS)] * 3, trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]", "[EOS]", "[BOS]"])
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", eos_token="[EOS]", bos_token="[BOS]"
-    )
+    return tiny_assets.build_tokenizer()
 
 
 @pytest.fixture(scope="session")
 def _tiny_lm_base(tokenizer):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=64,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        tie_word_embeddings=False,
-    )
-    return LlamaForCausalLM(config)
+    return tiny_assets.build_model(tokenizer)
 
 
 @pytest.fixture
@@ -79,12 +40,7 @@ def tiny_lm(_tiny_lm_base):
 @pytest.fixture(scope="session")
 def lm_dataset(tokenizer):
     """96 tokenized examples (`input_ids`, `attention_mask`, `labels` with the first two tokens masked)."""
-    from datasets import Dataset
-
-    texts = make_texts(96)
-    enc = tokenizer(texts)
-    labels = [[-100, -100] + ids[2:] for ids in enc["input_ids"]]
-    return Dataset.from_dict({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "labels": labels})
+    return tiny_assets.build_dataset(tokenizer)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import sys
 import time
 
@@ -25,55 +24,13 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-WORDS = (
-    "add subtract multiply divide number total sum answer question what is the of and price cost apple "
-    "train speed hour minute distance percent ratio area circle square triangle side length width"
-).split()
 SAVE_STEPS = 2
 TRAIN_PAUSE_STEP = 11
 SAVE_PAUSE_CHECKPOINT = "checkpoint-6"
 
 
-def build_tokenizer():
-    """A WordLevel tokenizer trained locally (no network)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(
-        [" ".join(WORDS)] * 3, trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]", "[EOS]", "[BOS]"])
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", eos_token="[EOS]", bos_token="[BOS]"
-    )
-
-
-def build_dataset(tokenizer, n: int = 96, seed: int = 0):
-    """`n` tokenized examples in two styles, labels with the first two tokens masked."""
-    from datasets import Dataset
-
-    rng = random.Random(seed)
-    texts = []
-    for i in range(n):
-        k = rng.randint(4, 14)
-        words = rng.sample(WORDS[:18], k=min(k, 18)) if i % 2 == 0 else rng.choices(WORDS[18:], k=k)
-        texts.append(" ".join(words))
-    enc = tokenizer(texts)
-    labels = [[-100, -100] + ids[2:] for ids in enc["input_ids"]]
-    return Dataset.from_dict({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "labels": labels})
-
-
-def build_model(tokenizer):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id, tie_word_embeddings=False,
-    )
-    return LlamaForCausalLM(config)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests/ (tiny_assets), also as a script
+from tiny_assets import build_dataset, build_model, build_tokenizer  # noqa: E402
 
 
 def build_trainer(output_dir: str, config=None, eval_dataset=False, **arg_overrides):

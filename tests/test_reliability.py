@@ -413,7 +413,7 @@ def test_interrupted_writes_leave_the_previous_file_or_nothing(tmp_path, monkeyp
 
 
 def test_stale_temporary_selection_is_removed(tmp_path):
-    (tmp_path / ".cluster_selection.abc123.npz.tmp").write_bytes(b"half")
+    (tmp_path / ".cluster_selection.npz.abc123.tmp").write_bytes(b"half")
     _save(tmp_path)
     assert os.listdir(tmp_path) == [SELECTION_FILENAME]
 

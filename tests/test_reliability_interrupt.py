@@ -136,7 +136,7 @@ def test_killed_while_saving_the_selection(tmp_path, reference):
     out = kill_at(tmp_path, "selection_save", signal.SIGKILL)  # checkpoint-6: trainer files written, ours not
     incomplete = out / "checkpoint-6"
     assert (incomplete / "trainer_state.json").is_file() and not (incomplete / SELECTION_FILENAME).exists()
-    assert len(list(incomplete.glob(".cluster_selection.*.npz.tmp"))) == 1  # the write never reached its rename
+    assert len(list(incomplete.glob(".cluster_selection.npz.*.tmp"))) == 1  # the write never reached its rename
     assert checkpoint_problems(str(incomplete), WARMUP_STEPS) == [
         "no cluster_selection.npz although it was saved after selection (step 6 > warmup_steps 3)"]
     with pytest.raises(ValueError, match=r"is incomplete .* \(complete: \['checkpoint-2', 'checkpoint-4'\]\)"):
