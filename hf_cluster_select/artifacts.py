@@ -26,7 +26,7 @@ class SelectionArtifactsMixin:
 
         Args:
             measured_full_seconds (`float`, *optional*): wall seconds of a measured full-data run of the same
-                recipe; without it the full-data time is estimated from the measured warm-up throughput.
+                recipe; without it the full-data time is estimated from this run's measured seconds per step.
         Returns:
             `SelectionReport` (also stored as `self.selection_report`).
         """

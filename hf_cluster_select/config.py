@@ -25,8 +25,9 @@ def _choices(values: tuple[str, ...]) -> list[str]:
 class ClusterSelectConfig:
     """Settings of ClusterTrainer's warm-up → features → clustering → selection → allocation pipeline.
 
-    Every field can be parsed from the command line with
-    `HfArgumentParser((TrainingArguments, ClusterSelectConfig))`.
+    Every field can be parsed from the command line together with `TrainingArguments` by
+    `hf_cluster_select.cli.parse_training_and_cluster_args` (as `--cluster_<field>`: `warmup_steps` and `seed` exist
+    in both classes, so a plain `HfArgumentParser((TrainingArguments, ClusterSelectConfig))` refuses them).
 
     The defaults are this project's own recipe (HDBSCAN on PCA-reduced last-layer gradient proxies, noise points
     assigned to their most probable cluster, exact budget, token-balanced allocation). `ClusterSelectConfig.paper()`

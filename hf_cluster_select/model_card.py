@@ -141,7 +141,8 @@ def selection_card_section(report: Any, *, plot_filename: str | None = None) -> 
         ("Full-data training time", _seconds(r.get("full_data_seconds")) + _steps(r.get("full_data_steps")),
          basis),
         ("Time saved", saved_text,
-         "full-data training time − total with selection (a negative value: selection cost more than it saved)"),
+         "full-data training time − total with selection"
+         + (" (negative: selection cost more than it saved)" if saved is not None and saved < 0 else "")),
     ]
     lines = [START_MARKER, HEADING, "",
              "Training examples were chosen by clustering per-example learning-effect features and keeping a "

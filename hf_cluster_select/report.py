@@ -60,9 +60,12 @@ def estimate_savings(
 ) -> dict[str, Any]:
     """Wall-clock time saved by selection against full-data training with the same recipe.
 
-    The full-data time is `measured_full_seconds` when the caller ran it, otherwise it is estimated from measured
-    throughput: seconds per optimizer step on the full data (warm-up seconds / warm-up steps; when there was no
-    warm-up, post-selection training seconds / selected steps) × the number of steps full-data training would take.
+    The full-data time is `measured_full_seconds` when the caller ran it, otherwise it is estimated from this run's
+    measured throughput: (warm-up seconds + post-selection training seconds) / (warm-up steps + selected steps) × the
+    number of steps full-data training would take. Averaging over every optimizer step of the run keeps the estimate
+    stable (a few warm-up steps alone, first-step overhead included, swung it by tens of percent); the steps of the
+    subset may be longer or shorter than average, and token-balanced batches pad less than the stock sampler, so a
+    measured full-data run (`measured_full_seconds`) is the reference when it matters.
 
     Args:
         warmup_seconds (`float`): measured wall-clock seconds of the warm-up steps on the full data (0 if none).
@@ -74,7 +77,8 @@ def estimate_savings(
         measured_full_seconds (`float`, *optional*): measured seconds of a full-data run, if one was made.
     Returns:
         `dict` with `seconds_per_step` (`float` or `None`), `full_data_seconds`, `full_data_seconds_basis` (`"measured"`
-        or `"estimated from measured warm-up throughput (X s/step × N full-data steps)"`), `our_seconds`
+        or `"estimated from this run's measured throughput (X s/step over M optimizer steps × N full-data steps)"`),
+        `our_seconds`
         (warm-up + selection + training), `seconds_saved` (full − ours; negative when selection cost more than it
         saved) and `fraction_saved` (saved / full).
     Raises:
@@ -89,19 +93,15 @@ def estimate_savings(
     for name, value in numbers.items():
         if value is None or not math.isfinite(float(value)) or float(value) < 0:
             raise ValueError(f"`{name}` must be a finite number >= 0, got {value!r}.")
-    seconds_per_step: float | None = None
-    source = ""
-    if warmup_steps > 0:
-        seconds_per_step, source = warmup_seconds / warmup_steps, "warm-up"
-    elif selected_steps > 0:
-        seconds_per_step, source = training_seconds / selected_steps, "post-selection training"
+    steps = int(warmup_steps) + int(selected_steps)
+    seconds_per_step = (float(warmup_seconds) + float(training_seconds)) / steps if steps else None
     if measured_full_seconds is not None:
         full, basis = float(measured_full_seconds), MEASURED
     elif seconds_per_step is not None:
         full = seconds_per_step * full_data_steps
         basis = (
-            f"estimated from measured {source} throughput "
-            f"({seconds_per_step:.4g} s/step × {int(full_data_steps):,} full-data steps)"
+            f"estimated from this run's measured throughput ({seconds_per_step:.4g} s/step over {steps:,} optimizer "
+            f"steps × {int(full_data_steps):,} full-data steps)"
         )
     else:
         raise ValueError("Cannot estimate the full-data time: `warmup_steps` and `selected_steps` are both 0.")

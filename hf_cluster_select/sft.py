@@ -53,7 +53,8 @@ def check_sft_dataset(
                                         and not hasattr(dataset, "column_names")):
         splits = sorted(str(key) for key in dataset.keys())
         raise ValueError(
-            f"`{name}` is a dict of splits {splits}, not one split; pass one, e.g. `{name}=dataset[{splits[0]!r}]`."
+            f"`{name}` is a dict of splits {splits}, not one split; pass one, e.g. "
+            f"`{name}=dataset[{('train' if 'train' in splits else splits[0])!r}]`."
             if splits else f"`{name}` is an empty dict of splits; pass one `datasets.Dataset`."
         )
     if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
@@ -191,7 +192,7 @@ def check_dropped(n_given: int, n_dropped: int, max_dropped_fraction: float, *, 
         raise ValueError(
             f"{n_dropped} of {n_given} training examples ({100 * n_dropped / n_given:.1f}%) were left without a "
             f"loss-bearing token after truncation and would be dropped, above `max_dropped_fraction="
-            f"{max_dropped_fraction}`. {advice} To train on the rest anyway, raise `max_dropped_fraction`."
+            f"{max_dropped_fraction}`. {advice} To train on the rest anyway, pass a higher `ClusterSFTTrainer(..., max_dropped_fraction=...)`."
         )
 
 

@@ -31,7 +31,7 @@ def make_report(**overrides) -> SelectionReport:
     return SelectionReport(**values)
 
 
-def test_estimate_savings_from_warmup_throughput_exact():
+def test_estimate_savings_from_run_throughput_exact():
     out = estimate_savings(
         warmup_seconds=10.0, warmup_steps=20, selected_steps=80, full_data_steps=200,
         selection_seconds=5.0, training_seconds=40.0,
@@ -42,11 +42,11 @@ def test_estimate_savings_from_warmup_throughput_exact():
     assert out["seconds_saved"] == 45.0
     assert out["fraction_saved"] == 0.45
     assert out["full_data_seconds_basis"] == (
-        "estimated from measured warm-up throughput (0.5 s/step × 200 full-data steps)"
+        "estimated from this run's measured throughput (0.5 s/step over 100 optimizer steps × 200 full-data steps)"
     )
 
 
-def test_estimate_savings_without_warmup_uses_training_throughput():
+def test_estimate_savings_without_warmup():
     out = estimate_savings(
         warmup_seconds=0.0, warmup_steps=0, selected_steps=300, full_data_steps=1000,
         selection_seconds=20.0, training_seconds=75.0,
@@ -56,7 +56,7 @@ def test_estimate_savings_without_warmup_uses_training_throughput():
     assert out["seconds_saved"] == 155.0
     assert out["fraction_saved"] == 0.62
     assert out["full_data_seconds_basis"] == (
-        "estimated from measured post-selection training throughput (0.25 s/step × 1,000 full-data steps)"
+        "estimated from this run's measured throughput (0.25 s/step over 300 optimizer steps × 1,000 full-data steps)"
     )
 
 
@@ -87,7 +87,7 @@ def test_apply_savings_fills_report():
     report = make_report()
     report.apply_savings()
     assert report.full_data_seconds == 100.0
-    assert report.full_data_seconds_basis.startswith("estimated from measured warm-up throughput")
+    assert report.full_data_seconds_basis.startswith("estimated from this run's measured throughput")
     assert report.seconds_saved == 45.0 and report.fraction_saved == 0.45 and report.total_seconds == 55.0
     with pytest.raises(ValueError, match="training_seconds"):
         make_report(training_seconds=None).apply_savings()

@@ -390,7 +390,7 @@ def test_tokenized_examples_without_loss_are_dropped(tmp_path, chat_lm, chat_tok
     "data, overrides, message",
     [
         (DatasetDict(train=make_dataset("text", pairs(8)), test=make_dataset("text", pairs(4))), {},
-         r"dict of splits \['test', 'train'\].*dataset\['test'\]"),
+         r"dict of splits \['test', 'train'\].*dataset\['train'\]"),
         (Dataset.from_dict({"prompt": ["a"], "source_id": [0]}), {},
          r"no 'completion' column \(columns found: \['prompt', 'source_id'\]\)"),
         (Dataset.from_dict({"question": ["a"], "answer": ["b"]}), {}, r"columns found: \['answer', 'question'\]"),

@@ -129,8 +129,10 @@ def test_report_and_model_card(tmp_path, tiny_lm, lm_dataset, collator):
     for key in ("warmup_seconds", "features_seconds", "clustering_seconds", "training_seconds"):
         assert report[key] > 0
     assert report["full_data_steps"] == 48 and "estimated" in report["full_data_seconds_basis"]
-    per_step = report["warmup_seconds"] / 3
+    per_step = (report["warmup_seconds"] + report["training_seconds"]) / 27
     assert report["full_data_seconds"] == pytest.approx(per_step * 48)
+    assert report["seconds_saved"] == pytest.approx(
+        per_step * 48 - report["warmup_seconds"] - report["selection_seconds"] - report["training_seconds"])
     card = (out / "README.md").read_text()
     assert "hf_cluster_select" in card and "48" in card and "estimated" in card
     assert (out / "cluster_sizes.png").stat().st_size > 1000

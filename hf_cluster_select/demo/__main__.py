@@ -30,7 +30,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m hf_cluster_select.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny smoke run (about 2 minutes on 2 cores)")
-    parser.add_argument("--n-train", type=int, default=None, help="training problems (default 400; quick: 48)")
+    parser.add_argument("--n-train", type=int, default=None, help="training problems (default 320; quick: 48)")
     parser.add_argument("--n-eval", type=int, default=None, help="held-out problems (default 100; quick: 16)")
     parser.add_argument("--data-fraction", type=float, default=0.3, help="share kept by ClusterTrainer, in (0, 1]")
     parser.add_argument("--epochs", type=float, default=1.0, help="epochs (over the selected data for ClusterTrainer)")
@@ -42,7 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--card-copy", default=None, help="also copy the model card to this file")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    args.n_train = args.n_train or (48 if args.quick else 400)
+    args.n_train = args.n_train or (48 if args.quick else 320)
     args.n_eval = args.n_eval or (16 if args.quick else 100)
     args.batch_size = args.batch_size or (4 if args.quick else 8)
     return args
