@@ -146,7 +146,7 @@ def checkpoint_problems(folder: str, warmup_steps: int) -> list[str]:
     """What a checkpoint folder lacks to be resumed from; empty when it is complete.
 
     Complete means: `trainer_state.json` readable (transformers writes it after the weights, optimizer, scheduler
-    and RNG state) and, for a checkpoint saved after selection (`global_step > warmup_steps`), a readable
+    and RNG state), model weights present, and, for a checkpoint saved after selection (`global_step > warmup_steps`), a readable
     `cluster_selection.npz`.
 
     Args:
@@ -165,6 +165,13 @@ def checkpoint_problems(folder: str, warmup_steps: int) -> list[str]:
         return [f"no {TRAINER_STATE_FILENAME} (Trainer writes it last)"]
     except (OSError, ValueError, KeyError, TypeError) as error:
         return [f"unreadable {TRAINER_STATE_FILENAME} ({type(error).__name__}: {error})"]
+    entries = os.listdir(folder)
+    has_weights = any(
+        name.endswith((".safetensors", ".bin", ".index.json")) or os.path.isdir(os.path.join(folder, name))
+        for name in entries
+    )  # model/adapter weights, sharded or not, or a DeepSpeed / FSDP state folder
+    if not has_weights:
+        return ["no model weights (*.safetensors, *.bin or a DeepSpeed/FSDP folder)"]
     if global_step <= warmup_steps:
         return []
     try:

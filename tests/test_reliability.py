@@ -418,9 +418,11 @@ def test_stale_temporary_selection_is_removed(tmp_path):
     assert os.listdir(tmp_path) == [SELECTION_FILENAME]
 
 
-def _checkpoint(root, step, *, state=True, selection=False, state_text=None):
+def _checkpoint(root, step, *, state=True, selection=False, state_text=None, weights=True):
     folder = root / f"checkpoint-{step}"
     folder.mkdir(parents=True)
+    if weights:
+        (folder / "model.safetensors").write_bytes(b"weights")
     if state:
         (folder / "trainer_state.json").write_text(state_text or json.dumps({"global_step": step}))
     if selection:
@@ -437,6 +439,8 @@ def test_checkpoint_problems(tmp_path):
         "no trainer_state.json (Trainer writes it last)"]
     assert checkpoint_problems(_checkpoint(tmp_path, 10, state_text='{"global_st'), warmup_steps=3)[0].startswith(
         "unreadable trainer_state.json (JSONDecodeError")
+    assert checkpoint_problems(_checkpoint(tmp_path, 14, weights=False), warmup_steps=3) == [
+        "no model weights (*.safetensors, *.bin or a DeepSpeed/FSDP folder)"]
     corrupt = _checkpoint(tmp_path, 12)
     with open(os.path.join(corrupt, SELECTION_FILENAME), "wb") as handle:
         handle.write(b"PK\x03\x04 truncated")

@@ -183,6 +183,8 @@ def format_table(results: dict) -> str:
     rows = [
         ("held-out loss", _fmt(full.get("eval_loss")), _fmt(ours.get("eval_loss"))),
         ("MC accuracy (5 options)", _fmt(full.get("accuracy")), _fmt(ours.get("accuracy"))),
+        ("held-out problems (loss / MC)", f"{results['n_eval']} / {full.get('n', '—')}",
+         f"{results['n_eval']} / {ours.get('n', '—')}"),
         ("optimizer steps", _fmt(full.get("steps"), "{:d}"), _fmt(ours.get("steps"), "{:d}")),
         ("examples trained", _fmt(full.get("examples_trained"), "{:,.0f}"), _fmt(ours.get("examples_trained"), "{:,.0f}")),
         ("selected examples / tokens", "all", f"{ours['selected_examples']:,} / {ours['selected_tokens']:,}"),
@@ -207,8 +209,10 @@ def _append_demo_section(card_path: str, results: dict) -> None:
         text = f.read()
     marker = "<!-- hf_cluster_select:demo -->"
     text = text.split(marker)[0].rstrip() + "\n\n" + marker + "\n## Demo comparison (full data vs ClusterTrainer)\n\n"
-    text += f"Model {results['model']}, data {results['data']}: {results['n_train']} training and "
-    text += f"{results['n_eval']} held-out problems; produced by `python -m hf_cluster_select.demo` at commit "
+    text += f"Model {results['model']}, data {results['data']}: {results['n_train']} training problems, "
+    text += f"{results['n_eval']} held-out problems for the loss (those that fit the token limit) and all "
+    text += f"{results['arms']['cluster'].get('n', '?')} for multiple-choice accuracy; produced by "
+    text += "`python -m hf_cluster_select.demo` at commit "
     text += f"`{results['commit'] or 'unknown'}`.\n\n```\n{format_table(results)}\n```\n"
     with open(card_path, "w") as f:
         f.write(text)
