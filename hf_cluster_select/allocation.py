@@ -7,7 +7,8 @@ micro-step (group `j` = batches `[j·W, (j+1)·W)`, rank `r` gets the `r`-th bat
 
 Two allocations:
 - `plan_epoch` (ours): every micro-step mixes clusters in proportion to their sizes and, with `balance_tokens`, gives
-  every rank about the same number of padded tokens.
+  every rank about the same number of padded tokens (token-budget batches: long examples in small batches, short
+  ones in large batches).
 - `plan_epoch_paper` (CluSTER, Kim et al., EMNLP 2026): one cluster per rank, balanced by example count only.
 """
 
@@ -17,6 +18,10 @@ import heapq
 from typing import Any
 
 import numpy as np
+
+MAX_EXAMPLES_FACTOR = 4  # a token-balanced per-device batch holds at most 4·B examples
+HEAD_FIT = 0.02  # a batch's longest example fits the step's budget when examples × its length is within 2% of it
+PARTNER_SPAN = 0.2  # the other examples of a batch come first from those at least 80% as long as its longest
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -121,20 +126,77 @@ def _deal(step: np.ndarray, world_size: int) -> list[list[int]]:
     return [step[r::world_size].tolist() for r in range(world_size)]
 
 
-def _compose_by_length(step: np.ndarray, lengths: np.ndarray, world_size: int) -> list[list[int]]:
-    """Split one micro-step's examples (sorted by length, longest first) into `W` batches of near-equal padded cost.
+def _compose_step(lens: np.ndarray, clusters: np.ndarray, weight: np.ndarray, anchor: int, budget: float, w: int,
+                  least: int, most: int, cap: int, token_cap: int) -> tuple[list[list[int]], np.ndarray]:
+    """The `w` batches of one micro-step, as indices into `lens` (the waiting examples, oldest first), each of padded
+    size about `budget`, the first one led by `anchor`; `least..most` examples in all. Returns them and the mask of
+    the examples used."""
+    used, held = np.zeros(len(lens), dtype=bool), np.zeros(len(weight))  # `held`: examples per cluster in the step
+    limit = min(budget * (1 + HEAD_FIT), token_cap)
 
-    The `W` longest examples become the batch maxima (the lowest possible spread of `max length × count` for this
-    step); when counts differ, the longest maxima get the smaller counts; the other examples fill the batches in order.
-    """
-    q, extra = divmod(len(step), world_size)
-    counts = [q] * (world_size - extra) + [q + 1] * extra
-    rest = step[world_size:]
-    batches, start = [], 0
-    for r in range(world_size):
-        batches.append([int(step[r])] + rest[start : start + counts[r] - 1].tolist())
-        start += counts[r] - 1
-    return batches
+    def take(candidates: np.ndarray) -> int:  # the oldest candidate of the cluster most behind its share of the step
+        pick = int(candidates[np.argmin((held[clusters[candidates]] + 1) * weight[clusters[candidates]])])
+        used[pick], held[clusters[pick]] = True, held[clusters[pick]] + 1
+        return pick
+
+    batches: list[list[int]] = []
+    for k in range(w):
+        free = np.flatnonzero(~used)
+        room = most - int(used.sum()) - (w - 1 - k)  # leave one example for each batch still to build
+        no_longer = np.searchsorted(np.sort(lens[free]), lens[free], side="right")  # free ones, itself included
+        count = np.clip(np.minimum(np.floor(limit / lens[free]), np.minimum(cap, no_longer)), 1, max(1, room))
+        fit = count * lens[free] / budget
+        good = free[np.abs(fit - 1) <= HEAD_FIT]
+        closest = free[[np.argmin(np.maximum(fit, 1 / fit))]]  # when none fits within `HEAD_FIT`
+        head = take(np.array([anchor]) if k == 0 else good if len(good) else closest)
+        n, batch = int(count[np.searchsorted(free, head)]) - 1, [head]
+        while len(batch) <= n:  # other examples no longer than the leader: close in length first
+            near = np.flatnonzero(~used & (lens <= lens[head]) & (lens >= (1 - PARTNER_SPAN) * lens[head]))
+            if not len(near):
+                break
+            batch.append(take(near))
+        rest = np.flatnonzero(~used & (lens <= lens[head]))  # then the longest of the shorter ones
+        rest = rest[np.argsort(-lens[rest], kind="stable")][: n + 1 - len(batch)]
+        used[rest] = True
+        batches.append(batch + rest.tolist())
+    for i in np.flatnonzero(~used)[: max(0, least - int(used.sum()))]:  # top up to `least`, oldest first
+        cost = [(len(x) + 1) * max(lens[x].max(), lens[i]) if len(x) < cap else np.inf for x in batches]
+        batches[int(np.argmin(cost))].append(int(i))
+        used[i] = True
+    return batches, used
+
+
+def _plan_token_balanced(order: np.ndarray, labels: np.ndarray, lengths: np.ndarray, groups: int, w: int, b: int,
+                         window: int, rng: np.random.Generator) -> list[list[int]]:
+    """`balance_tokens=True` of `plan_epoch`: micro-steps composed one after another from a lookahead of the order."""
+    _, cluster, sizes = np.unique(labels, return_inverse=True, return_counts=True)
+    cluster, weight = cluster.reshape(-1), len(labels) / sizes
+    cap, token_cap = MAX_EXAMPLES_FACTOR * b, b * int(lengths.max())
+    waiting, since = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)  # examples waiting, oldest first
+    taken, scale, carry = 0, 1.0, 0.0
+    plan: list[list[int]] = []
+    for step in range(groups):
+        more = order[taken : taken + max(0, (window + 1) * w * b - len(waiting))]
+        waiting, since = np.concatenate([waiting, more]), np.concatenate([since, np.full(len(more), step)])
+        taken += len(more)
+        lens = lengths[waiting]
+        remaining, left = len(waiting) + len(order) - taken, groups - step
+        least, most = remaining - (left - 1) * w * b, min(len(waiting), remaining - (left - 1) * w)  # last: the rest
+        target = min(max(round(remaining / left), least), most)
+        overdue = np.flatnonzero(since <= step - window)  # waited `window` steps: lead now, the longest first
+        anchor = int(overdue[np.argmax(lens[overdue])]) if len(overdue) else int(np.argmax(lens))
+        budget = lens[:target].sum() / w * scale  # the step's share of tokens per rank
+        anchor = anchor if len(overdue) or lens[anchor] > budget else 0  # else the oldest
+        quotient = budget / lens[anchor] + carry
+        up = target == least < most  # round up when the step must take `least` examples (but not the last step)
+        copies = np.ceil(quotient) if up else np.floor(quotient + 0.5)
+        copies = int(min(max(1, copies), cap, token_cap // lens[anchor]))
+        budget, carry = copies * float(lens[anchor]), quotient - copies
+        chosen, used = _compose_step(lens, cluster[waiting], weight, anchor, budget, w, least, most, cap, token_cap)
+        scale *= 0.7 + 0.3 * target / used.sum()  # feedback on the examples taken (plain arithmetic: same on all hosts)
+        plan.extend([waiting[chosen[r]].tolist() for r in rng.permutation(w)])
+        waiting, since = waiting[~used], since[~used]
+    return plan
 
 
 def plan_epoch(
@@ -150,30 +212,42 @@ def plan_epoch(
 ) -> list[list[int]]:
     """One epoch of per-device batches, every micro-step mixing clusters in proportion and (optionally) tokens balanced.
 
-    1. `mixed_order` interleaves the clusters (seeded by `(seed, epoch)`).
-    2. Micro-step sizes: `G - 1` full steps of `W·B` examples and the remainder; a remainder below `W` is shared
-       evenly with the step before it.
-    3. `balance_tokens=False`: each micro-step takes the next examples of the order, shuffled, dealt round-robin.
-       `balance_tokens=True`: `window` micro-steps' worth of the order (which keeps the cluster mix) is sorted by
-       length; consecutive blocks become micro-steps (the smallest step takes the longest block) so that each step
-       holds examples of similar length; inside a step the `W` longest examples become the `W` batch maxima; ranks
-       are assigned at random inside each step and the steps of the window are shuffled.
+    `mixed_order` interleaves the clusters (seeded by `(seed, epoch)`); the plan always holds `G·W` batches.
+    `balance_tokens=False`: micro-steps of `W·B` examples (a remainder below `W` is shared evenly with the step before)
+    take the next examples of the order, shuffled, dealt round-robin (at most `B` per batch).
+
+    `balance_tokens=True` (token-budget batches, as fairseq's `max_tokens`): ranks need equal *padded* sizes
+    (`examples × longest`), not similar lengths. Steps are composed one after another from a lookahead of
+    `(window + 1)·W·B` examples of the order. A step's budget `T` per batch, about its share of the examples left, is
+    rounded to a multiple of the length of its anchor, which leads the first batch: the longest of the examples that
+    waited `window` steps, else the longest waiting example if longer than that share, else the oldest one. Every
+    other batch is led by an example whose length times the examples that fit under `T` (at most
+    `MAX_EXAMPLES_FACTOR·B`) is within `HEAD_FIT` of `T`, from the cluster most behind its share of the step, oldest
+    first; its other examples are no longer: first those at least `1 - PARTNER_SPAN` as long (same rule), then the
+    longest shorter ones. Every rank thus pads to about `T` while each step spans all lengths and keeps the cluster
+    mix, for some padding (5-8% on `benchmarks/balance.py`). A batch holds `1..MAX_EXAMPLES_FACTOR·B` examples (long
+    ones few, short ones many), never more padded tokens than `B ×` the longest example; a step's example count
+    varies (the Trainer normalises the loss by the loss tokens of the accumulated batch). The last step takes the
+    rest. Ranks get a step's batches in random order.
 
     Pad: every position appears exactly once, except when `m < G·W` (only possible when `B == 1` or `m < W`): then the
-    order is repeated cyclically from its start up to `G·W` examples so that every batch is non-empty, and the batches
-    of a micro-step are re-dealt so that no rank gets the same example twice in the epoch.
+    order is repeated cyclically from its start up to `G·W` examples so that every batch is non-empty (one example
+    each), and the batches of a micro-step are re-dealt so that no rank gets the same example twice in the epoch.
 
     Args:
         labels (`np.ndarray` of shape `[m]`, int): cluster of each position.
         lengths (`np.ndarray` of shape `[m]`, int): tokens per example, >= 1.
         world_size (`int`): data-parallel ranks `W`.
-        per_device_batch_size (`int`): most examples per per-device batch `B`.
+        per_device_batch_size (`int`): examples per per-device batch `B` (the most without `balance_tokens`, about the
+            average with it).
         seed (`int`): seed of the order; the same `(seed, epoch)` gives the same plan on every rank.
         epoch (`int`): epoch number, >= 0.
-        balance_tokens (`bool`, *optional*, defaults to `True`): compose micro-steps by length.
-        window (`int`, *optional*, defaults to `8`): micro-steps re-composed together when balancing.
+        balance_tokens (`bool`, *optional*, defaults to `True`): token-budget batches of equal padded size per step.
+        window (`int`, *optional*, defaults to `8`): lookahead in micro-steps when balancing tokens (the longest
+            example that waited this many steps leads the next step).
     Returns:
-        `list[list[int]]`: `G·W` non-empty batches of positions in `0..m-1`, each with at most `B` entries.
+        `list[list[int]]`: `G·W` non-empty batches of positions in `0..m-1`, each with at most `B` entries
+        (`MAX_EXAMPLES_FACTOR·B` with `balance_tokens`).
     Raises:
         ValueError: if an argument is out of range or `labels` and `lengths` differ in shape.
     """
@@ -188,25 +262,11 @@ def plan_epoch(
     order = mixed_order(labels, rng)
     if m < groups * w:
         order = np.resize(order, groups * w)  # documented pad: cyclic repeat from the start of the order
-    sizes = _step_sizes(len(order), groups, w, b)
-    bounds = np.concatenate([[0], np.cumsum(sizes)])
-    plan: list[list[int]] = []
-    if not balance_tokens:
-        for j in range(groups):
-            plan.extend(_deal(rng.permutation(order[bounds[j] : bounds[j + 1]]), w))
-        return _separate_repeats(plan, w) if m < groups * w else plan
-    for first in range(0, groups, window):
-        last = min(first + window, groups)
-        chunk = rng.permutation(order[bounds[first] : bounds[last]])
-        chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]  # longest first, ties in random order
-        steps, start = [], 0
-        for size in sorted(sizes[first:last]):
-            block = chunk[start : start + size]
-            start += size
-            batches = _compose_by_length(block, lengths, w)
-            steps.append([batches[r] for r in rng.permutation(w)])
-        for j in rng.permutation(len(steps)):
-            plan.extend(steps[j])
+    if balance_tokens:
+        plan = _plan_token_balanced(order, labels, lengths, groups, w, b, window, rng)
+    else:
+        bounds = np.cumsum([0, *_step_sizes(len(order), groups, w, b)])
+        plan = [x for j in range(groups) for x in _deal(rng.permutation(order[bounds[j] : bounds[j + 1]]), w)]
     return _separate_repeats(plan, w) if m < groups * w else plan
 
 

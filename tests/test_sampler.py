@@ -43,15 +43,15 @@ class IndexDataset(torch.utils.data.Dataset):
 
 
 def test_literal_sequence_and_shards():
-    sampler = make()
-    expected = [[109, 107], [111, 108], [106, 101], [102, 100], [105, 103], [110, 104]]
+    sampler = make()  # token-budget batches (allocation.plan_epoch): 1..4·B examples each, 2·3 batches per epoch
+    expected = [[111, 109], [105, 104], [110], [102, 101, 100], [108, 103], [107, 106]]
     assert list(sampler) == expected and len(sampler) == 6
     assert shards(sampler, 2) == [
-        [[109, 107], [106, 101], [105, 103]],
-        [[111, 108], [102, 100], [110, 104]],
+        [[111, 109], [110], [108, 103]],
+        [[105, 104], [102, 101, 100], [107, 106]],
     ]
     sampler.set_epoch(1)
-    assert list(sampler) == [[103, 100], [105, 102], [110, 107], [108, 106], [111, 104], [109, 101]]
+    assert list(sampler) == [[111], [105, 104, 103], [107, 106], [110, 100], [108, 102], [109, 101]]
     sampler = make(world_size=3, balance_tokens=False)
     assert shards(sampler, 3) == [
         [[100, 111], [110, 101]],
@@ -146,7 +146,7 @@ def test_validates(kwargs, name):
 
 def test_prepare_data_loader_two_processes():
     sampler = make()
-    expected = [[[109, 107], [106, 101], [105, 103]], [[111, 108], [102, 100], [110, 104]]]
+    expected = [[[111, 109], [110], [108, 103]], [[105, 104], [102, 101, 100], [107, 106]]]
     for rank in range(2):
         loader = torch.utils.data.DataLoader(IndexDataset(), batch_sampler=sampler, collate_fn=list)
         prepared = prepare_data_loader(loader, num_processes=2, process_index=rank, put_on_device=False)

@@ -95,7 +95,7 @@ def test_only_selected_indices_after_warmup(tmp_path, tiny_lm, lm_dataset, colla
     assert len(kept) == 48
     warm = [i for step, batch in trainer.seen if step < 3 for i in batch]
     after = [i for step, batch in trainer.seen if step >= 3 for i in batch]
-    assert len(warm) == 12 and len(set(warm)) == 12  # 3 steps × 4 distinct full-data examples
+    assert len(warm) == len(set(warm)) >= 3  # 3 steps of distinct full-data examples (token-budget batch sizes vary)
     assert set(after) == kept
     assert len(after) == 96 and all(after.count(i) == 2 for i in kept)  # every kept example once per epoch
 
