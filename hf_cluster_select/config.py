@@ -127,7 +127,7 @@ class ClusterSelectConfig:
     )
     balance_window: int = field(
         default=16,
-        metadata={"help": "Number of optimizer micro-steps whose examples are re-composed together by length."},
+        metadata={"help": "Look-ahead, in micro-steps, from which token-balanced batches are filled (an example waits at most this many steps)."},
     )
     seed: int = field(default=42, metadata={"help": "Seed of selection and batch order."})
 

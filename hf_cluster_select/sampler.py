@@ -48,10 +48,11 @@ class ClusterBatchSampler(Sampler[list[int]]):
         labels (`np.ndarray` of shape `[m]`, int): cluster of each kept example.
         lengths (`np.ndarray` of shape `[m]`, int): tokens per kept example, >= 1.
         world_size (`int`): data-parallel ranks `W` (accelerate's `num_processes`).
-        per_device_batch_size (`int`): most examples per per-device batch `B`.
+        per_device_batch_size (`int`): examples per per-device batch `B` (with `balance_tokens`, batches of short examples
+            hold up to 4·B, of long ones fewer: see `allocation.plan_epoch`).
         seed (`int`, *optional*, defaults to `42`): seed of the order.
         balance_tokens (`bool`, *optional*, defaults to `True`): compose micro-steps by length (see `plan_epoch`).
-        window (`int`, *optional*, defaults to `8`): micro-steps re-composed together when balancing tokens.
+        window (`int`, *optional*, defaults to `8`): look-ahead in micro-steps when balancing tokens.
         allocation (`str`, *optional*, defaults to `"balanced"`): `"balanced"` (`plan_epoch`) or `"paper"`
             (`plan_epoch_paper`, CluSTER's one cluster per rank; needs exactly `world_size` clusters).
         num_batches (`int`, *optional*): per-device batches to yield per iteration, a positive multiple of
