@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
     plan = cluster_trainer.step_plan
     kept_tokens = report.tokens_kept or 0
     ours.update(
-        examples_trained=plan.warmup_steps * plan.global_batch_size + report.n_kept * args.epochs,
+        examples_trained=_warmup_examples(cluster_trainer) + report.n_kept * args.epochs,
         tokens_trained=None,
         selected_examples=report.n_kept,
         selected_tokens=kept_tokens,
@@ -169,6 +169,13 @@ def main(argv: list[str] | None = None) -> dict:
         print(format_table(results))
         print(f"\nmodel card: {card}")
     return results
+
+
+def _warmup_examples(trainer) -> int:
+    """Examples the warm-up trained on, over all ranks: the warm-up plan's batches (token-balanced batches hold a
+    variable number of examples, so this is counted, not steps × batch size)."""
+    sampler = trainer._cs_warmup_sampler
+    return 0 if sampler is None or trainer.step_plan.warmup_steps == 0 else sum(len(batch) for batch in sampler)
 
 
 def _fmt(value, spec="{:.3f}") -> str:
