@@ -22,7 +22,9 @@ def test_demo_quick_end_to_end(tmp_path):
     assert ours["selected_examples"] == kept
     assert ours["steps"] == 2 + math.ceil(kept / 4)  # 2 warm-up steps + one epoch over the kept set
     for arm in (full, ours):
-        assert math.isfinite(arm["eval_loss"]) and 0.0 <= arm["accuracy"] <= 1.0 and arm["n"] == results["n_eval"]
+        # accuracy scores all 16 quick held-out problems; the loss only those that fit 128 tokens (n_eval)
+        assert math.isfinite(arm["eval_loss"]) and 0.0 <= arm["accuracy"] <= 1.0 and arm["n"] == 16
+        assert 1 <= results["n_eval"] <= 16
     assert ours["full_data_seconds_basis"] == "measured"
     assert ours["seconds_saved"] == pytest.approx(
         full["train_seconds"] - (ours["warmup_seconds"] + ours["features_seconds"] + ours["clustering_seconds"]
