@@ -75,9 +75,6 @@ class ClusterSelectMixin(SelectionArtifactsMixin):
         self.add_callback(self.cluster_callback)
 
     # ---- planning (before any model work) -------------------------------------------------------------------
-    def _cs_check_dataset(self, dataset: Any) -> int:
-        return check_train_dataset(dataset)  # None, dict of splits, streaming, empty: validation.py
-
     def _cs_resolve_warmup_steps(self, n: int, n_kept: int) -> int:
         config, args = self.cluster_config, self.args
         if config.allocation == "paper":  # CluSTER selects before training (config.__post_init__ allows only 0)
@@ -106,7 +103,7 @@ class ClusterSelectMixin(SelectionArtifactsMixin):
         Raises:
             ValueError: for the bad inputs listed in the class docstring.
         """
-        n = self._cs_check_dataset(self.train_dataset)
+        n = check_train_dataset(self.train_dataset)  # None, dict of splits, streaming, empty
         n_kept = selection_budget(n, self.cluster_config.data_fraction)
         if self.cluster_config.allocation == "paper":
             check_paper_allocation(self.args.world_size, self.cluster_config.cluster_method,

@@ -81,10 +81,10 @@ def _pause(marker: str) -> None:
 def _install_pause(phase: str, marker: str, trainer) -> None:
     from transformers import TrainerCallback
 
-    import hf_cluster_select.pipeline as mixin
+    from hf_cluster_select import pipeline
 
     if phase == "features":
-        original = mixin.last_layer_grad_features
+        original = pipeline.last_layer_grad_features
 
         def features(model, dataset, indices, collate_fn, **kwargs):
             calls = []
@@ -97,7 +97,7 @@ def _install_pause(phase: str, marker: str, trainer) -> None:
 
             return original(model, dataset, indices, collate, **kwargs)
 
-        mixin.last_layer_grad_features = features
+        pipeline.last_layer_grad_features = features
     elif phase == "clustering":
         import hdbscan
 

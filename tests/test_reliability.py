@@ -17,7 +17,7 @@ import torch
 from sklearn.metrics import adjusted_rand_score
 from transformers import DataCollatorWithPadding, TrainingArguments
 
-import hf_cluster_select.pipeline as mixin
+from hf_cluster_select import pipeline
 from hf_cluster_select import ClusterSelectConfig, ClusterTrainer, SelectionReport
 from hf_cluster_select._types import NO_LOSS_LABEL, NONFINITE_LABEL, Selection
 from hf_cluster_select.clustering import cluster_features
@@ -317,7 +317,7 @@ def test_fewer_examples_than_min_cluster_size():
 def test_degenerate_features_through_the_trainer(tmp_path, tiny_lm, lm_dataset, collator, monkeypatch):
     """NaN/inf rows (an fp16 overflow) and rows without loss-bearing tokens: the run continues, the report and the
     model card count them, non-finite rows are kept in their own group, no-loss rows are not selected."""
-    original = mixin.last_layer_grad_features
+    original = pipeline.last_layer_grad_features
     nonfinite, no_loss = [5, 17, 40, 60], list(range(70, 80))
 
     def degenerate(model, dataset, indices, collate_fn, **kwargs):
@@ -328,7 +328,7 @@ def test_degenerate_features_through_the_trainer(tmp_path, tiny_lm, lm_dataset, 
         features[no_loss], tokens[no_loss] = 0.0, 0
         return FeatureOutput(features=features, loss_tokens=tokens, seconds=out.seconds)
 
-    monkeypatch.setattr(mixin, "last_layer_grad_features", degenerate)
+    monkeypatch.setattr(pipeline, "last_layer_grad_features", degenerate)
     trainer = build(tmp_path, tiny_lm, lm_dataset, collator)
     trainer.train()
     report = json.loads((tmp_path / "out" / "selection_report.json").read_text())

@@ -12,7 +12,7 @@ import torch
 from datasets import Dataset, DatasetDict, disable_progress_bars
 from trl import SFTConfig, SFTTrainer
 
-import hf_cluster_select.pipeline as mixin_module
+import hf_cluster_select.pipeline as pipeline_module
 from hf_cluster_select import ClusterSelectConfig, ClusterSFTTrainer, SelectionReport
 from hf_cluster_select.data import INDEX_KEY
 from hf_cluster_select.features.last_layer_grad import last_layer_grad_features
@@ -218,7 +218,7 @@ def spy_features(monkeypatch):
         calls.append((model, args, kwargs, output))
         return output
 
-    monkeypatch.setattr(mixin_module, "last_layer_grad_features", spy)
+    monkeypatch.setattr(pipeline_module, "last_layer_grad_features", spy)
     return calls
 
 
@@ -285,7 +285,7 @@ def test_lora_features_come_from_adapted_model(tmp_path, chat_lm, chat_tokenizer
         seen.append((model, output, base))
         return output
 
-    monkeypatch.setattr(mixin_module, "last_layer_grad_features", spy)
+    monkeypatch.setattr(pipeline_module, "last_layer_grad_features", spy)
     config = ClusterSelectConfig(data_fraction=0.5, hdbscan_min_cluster_size=4, warmup_steps=1)
     trainer = build(tmp_path, chat_lm, chat_tokenizer, "prompt_completion", peft=True, config=config, warmup_steps=0)
     trainer.train()

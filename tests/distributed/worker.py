@@ -41,13 +41,13 @@ import tiny_assets  # noqa: E402
 from transformers import TrainingArguments  # noqa: E402
 
 from hf_cluster_select import ClusterSelectConfig, ClusterTrainer  # noqa: E402
-from hf_cluster_select import pipeline as mixin  # noqa: E402
+from hf_cluster_select import pipeline  # noqa: E402
 from hf_cluster_select.data import INDEX_KEY  # noqa: E402
 
 FEATURE_CALLS: list[list[int]] = []  # the dataset indices this process computed features for, per call
 
 
-_FEATURES = mixin.last_layer_grad_features
+_FEATURES = pipeline.last_layer_grad_features
 
 
 def _recording_features(model, dataset, indices, *args, **kwargs):
@@ -203,7 +203,7 @@ def run(scenario: str, out: str) -> None:
 
 def main(argv: list[str]) -> None:
     out, scenarios = argv[0], argv[1].split(",")
-    mixin.last_layer_grad_features = _recording_features  # only in the worker process, never under pytest
+    pipeline.last_layer_grad_features = _recording_features  # only in the worker process, never under pytest
     for scenario in scenarios:
         run(scenario, out)
 
