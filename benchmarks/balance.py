@@ -47,16 +47,16 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from hf_cluster_select.allocation import (  # noqa: E402
+from hf_cluster_select.batching.plan import (  # noqa: E402
     MAX_EXAMPLES_FACTOR,
-    _rng,
+    epoch_rng,
     _step_sizes,
     batches_per_rank,
     mixed_order,
     plan_stats,
 )
 from hf_cluster_select.config import ClusterSelectConfig  # noqa: E402
-from hf_cluster_select.sampler import ClusterBatchSampler  # noqa: E402
+from hf_cluster_select.batching.sampler import ClusterBatchSampler  # noqa: E402
 
 DATA = os.path.join(ROOT, "hf_cluster_select", "demo", "data")
 TARGET = 1.05
@@ -173,7 +173,7 @@ def cluster_select_length_sorted(lengths, labels, world_size, batch, seed, epoch
     the W longest of a step as the batch maxima, ranks and steps shuffled. Assumes no pad (m >= G·W)."""
     window = ClusterSelectConfig().balance_window if window is None else window
     groups, w = batches_per_rank(len(lengths), world_size, batch), world_size
-    rng = _rng(seed, epoch, 0)
+    rng = epoch_rng(seed, epoch, 0)
     order = mixed_order(labels, rng)
     sizes = _step_sizes(len(order), groups, w, batch)
     bounds, plan = np.concatenate([[0], np.cumsum(sizes)]), []

@@ -3,7 +3,7 @@
 Loads the 16-subtask Natural-Instructions sample (BIG-bench; instruction prefix left out; text = input + target),
 takes `--per-skill` examples per subtask (seeded), computes CluSTER's last-layer-gradient proxy (Kim et al., EMNLP
 2026) with SmolLM2-135M-Instruct over the target tokens only (input tokens labelled -100), then clusters the
-features with `hf_cluster_select.clustering.cluster_features` under the default config and a small sweep, and writes
+features with `hf_cluster_select.selection.cluster_features` under the default config and a small sweep, and writes
 agreement with the subtask labels (ARI, NMI), cluster counts, noise fractions and seconds to
 `benchmarks/results/clustering_ni.json`.
 
@@ -27,7 +27,7 @@ from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from hf_cluster_select.clustering import cluster_features
+from hf_cluster_select.selection import cluster_features
 from hf_cluster_select.config import ClusterSelectConfig
 from hf_cluster_select.selection import select_subset
 

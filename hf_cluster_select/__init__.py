@@ -5,7 +5,7 @@ Swap `transformers.Trainer` for `ClusterTrainer` (or `trl.SFTTrainer` for `Clust
 
 from ._types import ClusteringResult, Selection
 from .config import ClusterSelectConfig
-from .report import SelectionReport
+from .reporting.report import SelectionReport
 
 __version__ = "0.1.0"
 
@@ -17,17 +17,19 @@ __all__ = [
     "ClusteringResult",
     "Selection",
     "SelectionReport",
+    "SelectionRun",
     "cluster_features",
     "select_subset",
     "__version__",
 ]
 
 _LAZY = {
-    "ClusterTrainer": ".trainer",
-    "ClusterSFTTrainer": ".trainer",
-    "ClusterSelectMixin": ".mixin",
-    "ClusterSelectCallback": ".callbacks",
-    "cluster_features": ".clustering",
+    "ClusterTrainer": ".integrations.trainer",
+    "ClusterSFTTrainer": ".integrations.sft",
+    "ClusterSelectMixin": ".integrations.trainer",
+    "ClusterSelectCallback": ".integrations.callbacks",
+    "SelectionRun": ".run",
+    "cluster_features": ".selection",
     "select_subset": ".selection",
 }
 

@@ -8,6 +8,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from .loss_tokens import IGNORE_INDEX, loss_token_mask
+
 INDEX_KEY = "cluster_select_index"
 
 
@@ -121,11 +123,11 @@ class LossTokensCollator:
             labels = [int(x) for x in (labels.tolist() if hasattr(labels, "tolist") else labels)]
             ids = example["input_ids"]
             ids = [int(x) for x in (ids.tolist() if hasattr(ids, "tolist") else ids)]
-            kept = [token for token, label in zip(ids, labels) if label != -100]
+            kept = [token for token, carries in zip(ids, loss_token_mask(labels, shift=False)) if carries]
             if not kept or len(labels) != len(ids):
                 rebuilt.append(example)
                 continue
-            short = {"input_ids": prefix + kept, "labels": [-100] * len(prefix) + kept}
+            short = {"input_ids": prefix + kept, "labels": [IGNORE_INDEX] * len(prefix) + kept}
             if "attention_mask" in examples[0]:
                 short["attention_mask"] = [1] * len(short["input_ids"])
             rebuilt.append(short)

@@ -1,7 +1,7 @@
 """Selection from a model, across ranks: features → gather → cluster + select on rank 0 → broadcast (layer L3).
 
-No Trainer import: the trainer hands in the model, the data view and the step plan; this module returns the
-selection and its measured report. Timings go to the `ClusterSelectCallback` clock passed in.
+No Trainer import: `SelectionRun.select` hands in the model, the data view and the step plan; this module returns the
+selection and its measured report. Timings go to the `PhaseClock` passed in.
 """
 
 from __future__ import annotations
@@ -14,14 +14,12 @@ import torch
 
 from . import distributed
 from ._types import Selection
-from .callbacks import ClusterSelectCallback
-from .clustering import cluster_features
+from .clock import PhaseClock
 from .config import ClusterSelectConfig
-from .features.last_layer_grad import last_layer_grad_features
-from .features.projection import RandomProjection
-from .report import SelectionReport
+from .features import FEATURES, RandomProjection
+from .reporting.report import SelectionReport
 from .schedule import StepPlan
-from .selection import select_subset
+from .selection import cluster_features, select_subset
 from .validation import check_loss_tokens
 
 
@@ -59,8 +57,10 @@ def select_with_model(
     config: ClusterSelectConfig,
     plan: StepPlan,
     lengths: Sequence[int],
-    callback: ClusterSelectCallback,
+    clock: PhaseClock,
     batch_size: int,
+    shift_labels: bool | None = None,
+    merge_unclusterable: bool = False,
     show_progress: bool = True,
 ) -> SelectionOutcome:
     """Choose the training subset with the current model (CluSTER, Kim et al., EMNLP 2026, with HDBSCAN clusters).
@@ -75,8 +75,10 @@ def select_with_model(
         config (`ClusterSelectConfig`): selection settings.
         plan (`StepPlan`): the run's step plan (for counts and geometry in the report).
         lengths (sequence of `int`, length `n_examples`): token length of every example (batching by length).
-        callback (`ClusterSelectCallback`): its clock measures the `features` and `clustering` phases.
+        clock (`PhaseClock`): measures the `features` and `clustering` phases (and holds the `warmup` seconds).
         batch_size (`int`): examples per feature forward pass.
+        shift_labels (`bool`, *optional*): whether labels are shifted (causal LM); `None` = the feature's default.
+        merge_unclusterable (`bool`, *optional*, defaults to `False`): see `cluster_features`.
         show_progress (`bool`, *optional*, defaults to `True`): tqdm bar on this rank.
     Returns:
         `SelectionOutcome`.
@@ -85,8 +87,8 @@ def select_with_model(
     """
     n = plan.n_examples
     local = distributed.shard_indices(n, distributed.world_size(), distributed.rank())
-    callback.start("features")
-    output = last_layer_grad_features(
+    clock.start("features")
+    output = FEATURES.get(config.feature)(
         model,
         dataset,
         local,
@@ -95,15 +97,17 @@ def select_with_model(
         lengths=[int(lengths[i]) for i in local],
         projection=_projection(model, config),
         show_progress=show_progress,
+        shift_labels=shift_labels,
     )
     features = distributed.gather_rows(output.features, local, n)
     loss_tokens = distributed.gather_rows(output.loss_tokens.reshape(-1, 1), local, n).reshape(-1).numpy()
     check_loss_tokens(loss_tokens)
-    callback.stop("features")
-    callback.start("clustering")
+    clock.stop("features")
+    clock.start("clustering")
     payload = None
     if distributed.rank() == 0:
-        result = cluster_features(features.numpy(), config, world_size=plan.world_size, loss_tokens=loss_tokens)
+        result = cluster_features(features.numpy(), config, world_size=plan.world_size, loss_tokens=loss_tokens,
+                                  merge_unclusterable=merge_unclusterable)
         chosen = select_subset(result, config)
         report = SelectionReport.from_results(
             result,
@@ -121,10 +125,10 @@ def select_with_model(
         )
         payload = SelectionOutcome(chosen, result.labels, result.raw_labels, report)
     outcome = distributed.broadcast_object(payload)
-    callback.stop("clustering")
+    clock.stop("clustering")
     report = outcome.report
-    report.warmup_seconds = callback.measured("warmup")
-    report.features_seconds = callback.measured("features")
-    report.clustering_seconds = callback.measured("clustering")
+    report.warmup_seconds = clock.measured("warmup")
+    report.features_seconds = clock.measured("features")
+    report.clustering_seconds = clock.measured("clustering")
     report.selection_seconds = report.features_seconds + report.clustering_seconds
     return outcome

@@ -1,5 +1,7 @@
 """The optimizer-step plan of a ClusterTrainer run, known before training starts (layer L2).
 
+Per-rank batch counts come from `batching.plan.batches_per_rank` (or the allocation, for the subset).
+
 A run is a warm-up phase on the full data (logical epoch 0, when `warmup_steps > 0`) followed by epochs over the
 selected subset. The plan fixes every count in advance so the LR schedule spans exactly the steps that will run.
 """
@@ -9,13 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-
-def batches_per_rank_per_epoch(n_examples: int, world_size: int, per_device_batch_size: int) -> int:
-    """Per-device batches each rank gets in one epoch over `n_examples`: `ceil(n / (world_size · batch))`.
-
-    Matches `allocation.batches_per_rank` (every example once per epoch, batches of at most `per_device_batch_size`).
-    """
-    return max(1, math.ceil(n_examples / (world_size * per_device_batch_size)))
+from .batching.plan import batches_per_rank
 
 
 @dataclass(frozen=True)
@@ -154,14 +150,14 @@ def plan_steps(
             f"(world_size {world_size} × per_device_train_batch_size {per_device_batch_size} × "
             f"gradient_accumulation_steps {gradient_accumulation_steps}); raise `data_fraction` or lower the batch."
         )
-    batches = batches_per_rank_per_epoch(n_kept, world_size, per_device_batch_size)
+    batches = batches_per_rank(n_kept, world_size, per_device_batch_size)
     if selected_batches_per_epoch is not None:
         if selected_batches_per_epoch < 1:
             raise ValueError(f"`selected_batches_per_epoch` must be >= 1, got {selected_batches_per_epoch}.")
         batches = int(selected_batches_per_epoch)
     steps_per_epoch = math.ceil(batches / gradient_accumulation_steps)
     full_steps_per_epoch = math.ceil(
-        batches_per_rank_per_epoch(n_examples, world_size, per_device_batch_size) / gradient_accumulation_steps
+        batches_per_rank(n_examples, world_size, per_device_batch_size) / gradient_accumulation_steps
     )
     if max_steps is not None and max_steps > 0:
         if warmup_steps >= max_steps:

@@ -1,6 +1,6 @@
 """Checks of a ClusterTrainer run's inputs before any model work (layer L2: plain values in, clear errors out).
 
-`ClusterSelectMixin.plan()` calls `check_training_inputs` after validating the dataset's length and columns and
+`SelectionRun`'s adapter (`integrations.trainer.ClusterSelectMixin.plan`) calls `check_training_inputs` after validating the dataset's length and columns and
 before the first forward pass, so that a bad setup fails in seconds, not after a warm-up. Every error names the
 argument at fault, what was expected and how to fix it (README, "Troubleshooting").
 """
@@ -16,47 +16,53 @@ from torch.utils.data import IterableDataset
 
 from ._imports import require_hdbscan
 from .config import ClusterSelectConfig
+from .loss_tokens import IGNORE_INDEX, has_loss_token
 
 logger = logging.getLogger(__name__)
 
-IGNORE_INDEX = -100
 PROBE_EXAMPLES = 8
 
 
-def check_map_style(dataset: Any) -> None:
+def check_map_style(dataset: Any, name: str = "train_dataset") -> None:
     """Refuse what selection cannot use: a dict of splits, or a dataset without `__len__` (streaming).
 
     Called from `ClusterTrainer.__init__` too, before `Trainer` asks a streaming dataset for `max_steps` (setting it
     would only lead to this error). `None` passes (a dataset may be set later).
 
+    Args:
+        dataset (`Any`): the training data.
+        name (`str`, *optional*, defaults to `"train_dataset"`): how error messages call it.
     Raises:
         ValueError: naming the type received and what to pass instead.
     """
     if dataset is None:
         return
-    if isinstance(dataset, Mapping):
+    if isinstance(dataset, Mapping) or (hasattr(dataset, "keys") and hasattr(dataset, "values")
+                                        and not hasattr(dataset, "column_names")):
+        splits = sorted(str(key) for key in dataset.keys())
+        if not splits:
+            raise ValueError(f"`{name}` is an empty dict of splits; pass one `datasets.Dataset`.")
+        raise ValueError(f"`{name}` is a dict of splits ({splits}); pass one split, e.g. "
+                         f"dataset[{('train' if 'train' in splits else splits[0])!r}].")
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
         raise ValueError(
-            f"`train_dataset` is a dict of splits ({sorted(dataset.keys())}); pass one split, e.g. dataset['train']."
-        )
-    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
-        raise ValueError(
-            f"`train_dataset` must be a map-style dataset with `__len__` (selection needs to see every example), "
+            f"`{name}` must be a map-style dataset with `__len__` (selection needs to see every example), "
             f"got {type(dataset).__name__}; materialise a streaming dataset first (e.g. `Dataset.from_generator`)."
         )
 
 
-def check_train_dataset(dataset: Any) -> int:
+def check_train_dataset(dataset: Any, name: str = "train_dataset") -> int:
     """The number of training examples, after `check_map_style`.
 
     Raises:
         ValueError: if `dataset` is `None`, not map-style (see `check_map_style`) or empty.
     """
     if dataset is None:
-        raise ValueError("ClusterTrainer needs a `train_dataset`.")
-    check_map_style(dataset)
+        raise ValueError(f"ClusterTrainer needs a `{name}`.")
+    check_map_style(dataset, name)
     n = len(dataset)
     if n == 0:
-        raise ValueError("`train_dataset` is empty.")
+        raise ValueError(f"`{name}` is empty.")
     return n
 
 
@@ -124,14 +130,6 @@ def probe_collator(
     return batch
 
 
-def _has_loss(labels: Any, shift: bool) -> bool:
-    """Whether one example's labels (a list of token ids, or one class id) hold a loss-bearing entry."""
-    if np.ndim(labels) == 0:
-        return int(labels) != IGNORE_INDEX
-    values = np.asarray(labels).reshape(-1)
-    return bool((values[1 if shift else 0 :] != IGNORE_INDEX).any())
-
-
 def count_no_loss_examples(dataset: Any, batch: Mapping[str, Any] | None = None, *, shift: bool = True) -> int | None:
     """Examples whose `labels` column carries no loss-bearing token (every label -100).
 
@@ -157,7 +155,7 @@ def count_no_loss_examples(dataset: Any, batch: Mapping[str, Any] | None = None,
         if not all(isinstance(e, Mapping) and "labels" in e for e in examples):
             return None
         column = [e["labels"] for e in examples]
-    has_loss = np.array([_has_loss(labels, shift) for labels in column], dtype=bool)
+    has_loss = np.array([has_loss_token(labels, shift=shift) for labels in column], dtype=bool)
     collated = None if batch is None else batch.get("labels")
     if collated is not None:
         collated = np.asarray(collated.cpu() if hasattr(collated, "cpu") else collated)

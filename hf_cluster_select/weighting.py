@@ -9,9 +9,6 @@ transformers' `Trainer` computes (token mean for language models, example mean f
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -114,30 +111,3 @@ def weighted_loss(
         "per-example loss weights support token-level language modelling and single-label classification; got "
         f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)}. Use data_fraction=1.0 or a supported head."
     )
-
-
-def cluster_rank_weights(kept_labels: Any, labels: Any, n_ranks: int) -> np.ndarray:
-    """CluSTER's per-rank loss weight (Kim et al., EMNLP 2026) as a weight per kept example: `K·|C_k|/N`.
-
-    With one cluster per rank, rank `k` sees only cluster `k`; data-parallel training averages the ranks' gradients
-    with equal weight `1/K`, so multiplying rank `k`'s loss by `K·|C_k|/N` restores each cluster's full-data share
-    `|C_k|/N` in the update. Every example of cluster `k` gets that weight, so a per-example weighted loss applies
-    exactly the per-rank factor.
-
-    Args:
-        kept_labels (`np.ndarray` of shape `[n_kept]`, int): cluster of each kept example.
-        labels (`np.ndarray` of shape `[n_examples]`, int): cluster of every example of the full data (`|C_k|`, `N`).
-        n_ranks (`int`): number of clusters = ranks `K` (>= 1).
-    Returns:
-        `np.ndarray` of shape `[n_kept]`, float64.
-    Raises:
-        ValueError: if `n_ranks` < 1, `labels` is empty, or a kept label does not occur in `labels`.
-    """
-    labels, kept_labels = np.asarray(labels).reshape(-1), np.asarray(kept_labels).reshape(-1)
-    if n_ranks < 1 or labels.size == 0:
-        raise ValueError(f"`n_ranks` must be >= 1 and `labels` non-empty, got {n_ranks} and {labels.size} labels.")
-    clusters, sizes = np.unique(labels, return_counts=True)
-    position = np.searchsorted(clusters, kept_labels)
-    if kept_labels.size and (position.max() >= clusters.size or np.any(clusters[position] != kept_labels)):
-        raise ValueError("`kept_labels` holds a cluster that does not occur in `labels`.")
-    return n_ranks * sizes[position].astype(np.float64) / labels.size

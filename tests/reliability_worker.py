@@ -81,10 +81,10 @@ def _pause(marker: str) -> None:
 def _install_pause(phase: str, marker: str, trainer) -> None:
     from transformers import TrainerCallback
 
-    from hf_cluster_select import pipeline
+    from hf_cluster_select.features import FEATURES
 
     if phase == "features":
-        original = pipeline.last_layer_grad_features
+        original = FEATURES.get("last_layer_grad")
 
         def features(model, dataset, indices, collate_fn, **kwargs):
             calls = []
@@ -97,7 +97,7 @@ def _install_pause(phase: str, marker: str, trainer) -> None:
 
             return original(model, dataset, indices, collate, **kwargs)
 
-        pipeline.last_layer_grad_features = features
+        FEATURES._entries["last_layer_grad"] = features
     elif phase == "clustering":
         import hdbscan
 

@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hf_cluster_select.allocation import (
+from hf_cluster_select.batching.plan import (
     MAX_EXAMPLES_FACTOR,
     batches_per_rank,
     mixed_order,
     plan_epoch,
-    plan_epoch_paper,
     plan_stats,
 )
+from hf_cluster_select.batching.paper import plan_epoch_paper
 
 LABELS = [0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 2, 2]
 LENGTHS = [10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120]

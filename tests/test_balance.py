@@ -6,7 +6,7 @@ import pytest
 from transformers import TrainingArguments
 
 from hf_cluster_select import ClusterSelectConfig, ClusterTrainer
-from hf_cluster_select.balance import TokenBalanceMeter
+from hf_cluster_select.batching.meter import TokenBalanceMeter
 
 METRICS = ("cluster_select/max_tokens_per_rank", "cluster_select/mean_tokens_per_rank",
            "cluster_select/max_over_mean_tokens")

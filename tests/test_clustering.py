@@ -11,7 +11,7 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from hf_cluster_select._imports import require_hdbscan
-from hf_cluster_select.clustering import cluster_features
+from hf_cluster_select.selection import cluster_features
 from hf_cluster_select.config import ClusterSelectConfig
 
 
@@ -198,7 +198,7 @@ def test_require_hdbscan_explains_the_fix(monkeypatch):
 def test_package_imports_without_hdbscan():
     code = (
         "import sys; sys.modules['hdbscan'] = None\n"
-        "import hf_cluster_select, hf_cluster_select.clustering, hf_cluster_select.selection\n"
+        "import hf_cluster_select, hf_cluster_select.selection.clustering, hf_cluster_select.selection\n"
         "assert sys.modules['hdbscan'] is None\n"
     )
     env = dict(os.environ, OMP_NUM_THREADS="1")

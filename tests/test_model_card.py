@@ -7,7 +7,7 @@ import os
 import pytest
 
 from hf_cluster_select.config import ClusterSelectConfig
-from hf_cluster_select.model_card import (
+from hf_cluster_select.reporting.model_card import (
     END_MARKER,
     HEADING,
     START_MARKER,
@@ -15,7 +15,7 @@ from hf_cluster_select.model_card import (
     selection_card_section,
     write_model_card,
 )
-from hf_cluster_select.report import SelectionReport
+from hf_cluster_select.reporting.report import SelectionReport
 
 TRL_CARD = """---
 base_model: null

@@ -7,8 +7,7 @@ import pytest
 from transformers import TrainingArguments
 
 from hf_cluster_select import ClusterSelectConfig, ClusterTrainer
-from hf_cluster_select.allocation import check_paper_allocation
-from hf_cluster_select.weighting import cluster_rank_weights
+from hf_cluster_select.batching.paper import check_paper_allocation, cluster_rank_weights
 
 
 def test_cluster_rank_weights_exact():

@@ -17,16 +17,16 @@ import torch
 from sklearn.metrics import adjusted_rand_score
 from transformers import DataCollatorWithPadding, TrainingArguments
 
-from hf_cluster_select import pipeline
+from hf_cluster_select.features import FEATURES
 from hf_cluster_select import ClusterSelectConfig, ClusterTrainer, SelectionReport
 from hf_cluster_select._types import NO_LOSS_LABEL, NONFINITE_LABEL, Selection
-from hf_cluster_select.clustering import cluster_features
+from hf_cluster_select.selection import cluster_features
 from hf_cluster_select.features.last_layer_grad import FeatureOutput
-from hf_cluster_select.model_card import write_model_card
+from hf_cluster_select.reporting.model_card import write_model_card
 from hf_cluster_select.persistence import (
     SELECTION_FILENAME, checkpoint_problems, load_selection, resolve_resume_checkpoint, save_selection,
 )
-from hf_cluster_select.plots import plot_cluster_sizes
+from hf_cluster_select.reporting.plots import plot_cluster_sizes
 from hf_cluster_select.schedule import plan_steps
 from hf_cluster_select.selection import select_from_labels, select_subset
 from hf_cluster_select.validation import check_loss_tokens
@@ -212,7 +212,7 @@ def test_some_examples_without_loss_bearing_tokens(tmp_path, tiny_lm, lm_dataset
     assert report.n_no_loss_tokens == 12 and report.n_nonfinite_features == 0
     assert trainer.selection.n_kept == 48 and not masked & set(trainer.selection.indices.tolist())
     assert trainer.selection.weights.sum() == pytest.approx(96)
-    assert (trainer._cs_raw_labels[sorted(masked)] == NO_LOSS_LABEL).all()
+    assert (trainer.selection_run.raw_labels[sorted(masked)] == NO_LOSS_LABEL).all()
     assert trainer.state.global_step == trainer.step_plan.total_steps == 12
     card = (tmp_path / "out" / "README.md").read_text()
     assert "| No loss-bearing tokens | 12 |" in card
@@ -249,11 +249,12 @@ def test_nonfinite_rows_form_their_own_group(method):
     assert (chosen.labels == 3).sum() == 2  # proportional: 30 · 4/60
 
 
-def test_nonfinite_rows_join_the_smallest_cluster_for_paper_allocation():
+def test_nonfinite_rows_join_the_smallest_cluster_when_merged():
     features, _ = blobs(sizes=(30, 12))
     features[[0, 1]] = np.nan
     config = ClusterSelectConfig.paper(kmeans_size_cap=None)
-    result = cluster_features(features, config, world_size=2, loss_tokens=np.r_[np.ones(40), 0, 0].astype(int))
+    result = cluster_features(features, config, world_size=2, loss_tokens=np.r_[np.ones(40), 0, 0].astype(int),
+                              merge_unclusterable=True)
     assert result.n_clusters == 2 and result.n_nonfinite == 2 and result.n_no_loss == 2
     smallest = int(np.argmin(np.bincount(result.labels[2:40])))
     assert (result.labels[[0, 1, 40, 41]] == smallest).all()
@@ -317,7 +318,7 @@ def test_fewer_examples_than_min_cluster_size():
 def test_degenerate_features_through_the_trainer(tmp_path, tiny_lm, lm_dataset, collator, monkeypatch):
     """NaN/inf rows (an fp16 overflow) and rows without loss-bearing tokens: the run continues, the report and the
     model card count them, non-finite rows are kept in their own group, no-loss rows are not selected."""
-    original = pipeline.last_layer_grad_features
+    original = FEATURES.get("last_layer_grad")
     nonfinite, no_loss = [5, 17, 40, 60], list(range(70, 80))
 
     def degenerate(model, dataset, indices, collate_fn, **kwargs):
@@ -328,7 +329,7 @@ def test_degenerate_features_through_the_trainer(tmp_path, tiny_lm, lm_dataset, 
         features[no_loss], tokens[no_loss] = 0.0, 0
         return FeatureOutput(features=features, loss_tokens=tokens, seconds=out.seconds)
 
-    monkeypatch.setattr(pipeline, "last_layer_grad_features", degenerate)
+    monkeypatch.setitem(FEATURES._entries, "last_layer_grad", degenerate)
     trainer = build(tmp_path, tiny_lm, lm_dataset, collator)
     trainer.train()
     report = json.loads((tmp_path / "out" / "selection_report.json").read_text())

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 import reliability_worker as worker
-from hf_cluster_select.callbacks import PLOT_FILENAME, REPORT_FILENAME
+from hf_cluster_select.reporting.outputs import PLOT_FILENAME, REPORT_FILENAME
 from hf_cluster_select.persistence import SELECTION_FILENAME, checkpoint_problems, load_selection
 
 WORKER = Path(worker.__file__)

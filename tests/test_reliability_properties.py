@@ -23,10 +23,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from hf_cluster_select._types import NO_LOSS_LABEL, NONFINITE_LABEL
-from hf_cluster_select.allocation import MAX_EXAMPLES_FACTOR
-from hf_cluster_select.clustering import cluster_features
+from hf_cluster_select.batching.plan import MAX_EXAMPLES_FACTOR
+from hf_cluster_select.selection import cluster_features
 from hf_cluster_select.config import ClusterSelectConfig
-from hf_cluster_select.sampler import ClusterBatchSampler
+from hf_cluster_select.batching.sampler import ClusterBatchSampler
 from hf_cluster_select.schedule import plan_steps
 from hf_cluster_select.selection import select_from_labels, select_subset, selection_budget
 

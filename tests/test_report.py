@@ -10,8 +10,8 @@ import pytest
 
 from hf_cluster_select._types import ClusteringResult, Selection
 from hf_cluster_select.config import ClusterSelectConfig
-from hf_cluster_select.plots import plot_cluster_sizes
-from hf_cluster_select.report import SelectionReport, estimate_savings
+from hf_cluster_select.reporting.plots import plot_cluster_sizes
+from hf_cluster_select.reporting.report import SelectionReport, estimate_savings
 
 
 def make_report(**overrides) -> SelectionReport:

@@ -12,7 +12,7 @@ from accelerate.data_loader import BatchSamplerShard, prepare_data_loader
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hf_cluster_select.sampler import ClusterBatchSampler
+from hf_cluster_select.batching.sampler import ClusterBatchSampler
 
 INDICES = np.arange(100, 112)
 LABELS = [0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 2, 2]

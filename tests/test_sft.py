@@ -12,11 +12,11 @@ import torch
 from datasets import Dataset, DatasetDict, disable_progress_bars
 from trl import SFTConfig, SFTTrainer
 
-import hf_cluster_select.pipeline as pipeline_module
+from hf_cluster_select.features import FEATURES
 from hf_cluster_select import ClusterSelectConfig, ClusterSFTTrainer, SelectionReport
 from hf_cluster_select.data import INDEX_KEY
 from hf_cluster_select.features.last_layer_grad import last_layer_grad_features
-from hf_cluster_select.model_card import START_MARKER
+from hf_cluster_select.reporting.model_card import START_MARKER
 from hf_cluster_select.weighting import weighted_token_loss
 
 disable_progress_bars()
@@ -218,7 +218,7 @@ def spy_features(monkeypatch):
         calls.append((model, args, kwargs, output))
         return output
 
-    monkeypatch.setattr(pipeline_module, "last_layer_grad_features", spy)
+    monkeypatch.setitem(FEATURES._entries, "last_layer_grad", spy)
     return calls
 
 
@@ -285,7 +285,7 @@ def test_lora_features_come_from_adapted_model(tmp_path, chat_lm, chat_tokenizer
         seen.append((model, output, base))
         return output
 
-    monkeypatch.setattr(pipeline_module, "last_layer_grad_features", spy)
+    monkeypatch.setitem(FEATURES._entries, "last_layer_grad", spy)
     config = ClusterSelectConfig(data_fraction=0.5, hdbscan_min_cluster_size=4, warmup_steps=1)
     trainer = build(tmp_path, chat_lm, chat_tokenizer, "prompt_completion", peft=True, config=config, warmup_steps=0)
     trainer.train()
@@ -312,7 +312,7 @@ def test_weighted_loss_on_trl_fused_path(tmp_path, chat_lm, chat_tokenizer, monk
     assert len(after) == 4 and all("entropy" in h and "mean_token_accuracy" in h for h in after)
 
     kept = trainer.selection.indices[:6]
-    weights = trainer._cs_loss_weights[torch.as_tensor(kept)]
+    weights = trainer.selection_run.dense_loss_weights[torch.as_tensor(kept)]
     assert not torch.all(weights == 1)
     batch = trainer.data_collator([{k: trainer.train_dataset[int(i)][k] for k in ("input_ids", "labels")}
                                    for i in kept])
@@ -390,7 +390,7 @@ def test_tokenized_examples_without_loss_are_dropped(tmp_path, chat_lm, chat_tok
     "data, overrides, message",
     [
         (DatasetDict(train=make_dataset("text", pairs(8)), test=make_dataset("text", pairs(4))), {},
-         r"dict of splits \['test', 'train'\].*dataset\['train'\]"),
+         r"dict of splits \(\['test', 'train'\]\).*dataset\['train'\]"),
         (Dataset.from_dict({"prompt": ["a"], "source_id": [0]}), {},
          r"no 'completion' column \(columns found: \['prompt', 'source_id'\]\)"),
         (Dataset.from_dict({"question": ["a"], "answer": ["b"]}), {}, r"columns found: \['answer', 'question'\]"),
@@ -452,7 +452,7 @@ def test_doubled_eos_is_warned(tmp_path, chat_lm, chat_tokenizer, caplog):
     eos = tokenizer.eos_token_id
     tokenizer.backend_tokenizer.post_processor = TemplateProcessing(single="$A [EOS]", special_tokens=[("[EOS]", eos)])
     assert tokenizer("add")["input_ids"][-1] == eos
-    with caplog.at_level("WARNING", logger="hf_cluster_select.trainer"):
+    with caplog.at_level("WARNING", logger="hf_cluster_select.integrations.sft"):
         ClusterSFTTrainer(model=chat_lm, args=sft_args(tmp_path), train_dataset=make_dataset("text", pairs()),
                           processing_class=tokenizer)
     assert "doubled EOS" in caplog.text

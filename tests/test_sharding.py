@@ -15,8 +15,8 @@ from accelerate.data_loader import BatchSamplerShard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hf_cluster_select.allocation import MAX_EXAMPLES_FACTOR
-from hf_cluster_select.sampler import ClusterBatchSampler
+from hf_cluster_select.batching.plan import MAX_EXAMPLES_FACTOR
+from hf_cluster_select.batching.sampler import ClusterBatchSampler
 from hf_cluster_select.schedule import plan_steps
 
 

@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
 def _warmup_examples(trainer) -> int:
     """Examples the warm-up trained on, over all ranks: the warm-up plan's batches (token-balanced batches hold a
     variable number of examples, so this is counted, not steps × batch size)."""
-    sampler = trainer._cs_warmup_sampler
+    sampler = trainer.selection_run.warmup_sampler
     return 0 if sampler is None or trainer.step_plan.warmup_steps == 0 else sum(len(batch) for batch in sampler)
 
 

@@ -19,7 +19,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-IGNORE_INDEX = -100
+from ..loss_tokens import IGNORE_INDEX
+from . import FEATURES
+
 _HEAD_ATTRIBUTES = ("score", "classifier")
 _MAX_LOGIT_ELEMENTS = 1 << 25  # fp32 logits materialised at once: 128 MiB
 
@@ -152,7 +154,8 @@ def _validate(model, dataset, indices, collate_fn, batch_size, lengths, projecti
 
 
 def _batch_vectors(
-    model: torch.nn.Module, batch: Mapping[str, Any], captured: dict, accepted: set[str], device: torch.device
+    model: torch.nn.Module, batch: Mapping[str, Any], captured: dict, accepted: set[str], device: torch.device,
+    shift_labels: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean `(p_y - 1)·h` over loss-bearing tokens of one collated batch: (`[B, H]` float32, counts `[B]` int64)."""
     if not isinstance(batch, Mapping):
@@ -186,7 +189,8 @@ def _batch_vectors(
             if inputs.get("attention_mask") is not None:
                 labels[inputs["attention_mask"] == 0] = IGNORE_INDEX
         labels = labels.to(logits.device)
-        if not encoder_decoder:  # logits[:, t] predict labels[:, t + 1], as transformers' loss shifts them
+        shift = not encoder_decoder if shift_labels is None else shift_labels
+        if shift:  # logits[:, t] predict labels[:, t + 1], as transformers' causal-LM loss shifts them
             logits, hidden, labels = logits[:, :-1], hidden[:, :-1], labels[:, 1:]
     elif logits.dim() == 2:  # sequence classification: one "token" per example
         if labels is None:  # BADGE's hypothesised label
@@ -227,6 +231,7 @@ def _batch_vectors(
     return sums / counts.clamp_min(1)[:, None].to(sums.device), counts.cpu()
 
 
+@FEATURES.register("last_layer_grad")
 def last_layer_grad_features(
     model: torch.nn.Module,
     dataset: Any,
@@ -239,6 +244,7 @@ def last_layer_grad_features(
     normalize: bool = True,
     show_progress: bool = True,
     desc: str = "features",
+    shift_labels: bool | None = None,
 ) -> FeatureOutput:
     """Per-example mean over loss-bearing tokens of `(p_t[y_t] - 1) · h_t` (CluSTER, EMNLP 2026; BADGE, ICLR 2020).
 
@@ -266,6 +272,8 @@ def last_layer_grad_features(
         normalize (`bool`, *optional*, defaults to `True`): L2-normalise each row (zero rows stay zero).
         show_progress (`bool`, *optional*, defaults to `True`): show a tqdm bar over batches.
         desc (`str`, *optional*, defaults to `"features"`): label of the progress bar.
+        shift_labels (`bool`, *optional*): whether token logits at `t` score `labels[t + 1]` (causal LM); `None` =
+            unless the model config says `is_encoder_decoder`. `SelectionRun.shift_labels` passes the run's decision.
     Returns:
         `FeatureOutput`: features `[n, dim]` (float32, CPU, order of `indices`; dim = head input size or the
         projection's output size), loss-bearing token counts `[n]` (int64), and wall seconds.
@@ -299,7 +307,7 @@ def last_layer_grad_features(
         with torch.inference_mode():
             for positions in tqdm(batches, desc=desc, disable=not show_progress):
                 batch = collate_fn([dataset[indices[k]] for k in positions])
-                vectors, counts = _batch_vectors(model, batch, captured, accepted, device)
+                vectors, counts = _batch_vectors(model, batch, captured, accepted, device, shift_labels)
                 captured.clear()
                 if projection is not None:
                     in_dim = getattr(projection, "in_dim", vectors.shape[1])

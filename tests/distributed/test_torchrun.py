@@ -24,8 +24,8 @@ import tiny_assets  # noqa: E402
 from launch import torchrun  # noqa: E402
 
 from hf_cluster_select import ClusterSelectConfig  # noqa: E402
-from hf_cluster_select.allocation import batches_per_rank  # noqa: E402
-from hf_cluster_select.sampler import ClusterBatchSampler  # noqa: E402
+from hf_cluster_select.batching.plan import batches_per_rank  # noqa: E402
+from hf_cluster_select.batching.sampler import ClusterBatchSampler  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 
@@ -115,7 +115,7 @@ def test_selection_matches_one_process_run(two, tmp_path):
     assert single.selection.indices.tolist() == distributed_selection["indices"]
     assert single.selection.weights.tolist() == distributed_selection["weights"]
     assert single.selection.labels.tolist() == distributed_selection["labels"]
-    assert single._cs_raw_labels.tolist() == distributed_selection["raw_labels"]
+    assert single.selection_run.raw_labels.tolist() == distributed_selection["raw_labels"]
 
 
 # ---- 2. no double sharding ------------------------------------------------------------------------------------

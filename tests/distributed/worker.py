@@ -41,13 +41,13 @@ import tiny_assets  # noqa: E402
 from transformers import TrainingArguments  # noqa: E402
 
 from hf_cluster_select import ClusterSelectConfig, ClusterTrainer  # noqa: E402
-from hf_cluster_select import pipeline  # noqa: E402
+from hf_cluster_select.features import FEATURES  # noqa: E402
 from hf_cluster_select.data import INDEX_KEY  # noqa: E402
 
 FEATURE_CALLS: list[list[int]] = []  # the dataset indices this process computed features for, per call
 
 
-_FEATURES = pipeline.last_layer_grad_features
+_FEATURES = FEATURES.get("last_layer_grad")
 
 
 def _recording_features(model, dataset, indices, *args, **kwargs):
@@ -98,7 +98,8 @@ class RecordingTrainer(ClusterTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if model.training:
             index = inputs[INDEX_KEY].cpu()
-            weights = None if self._cs_loss_weights is None else self._cs_loss_weights[index].tolist()
+            dense = self.selection_run.dense_loss_weights
+            weights = None if dense is None else dense[index].tolist()
             self.seen.append(
                 dict(step=self.state.global_step, epoch=self.logical_epoch, ids=index.tolist(),
                      tokens=int(inputs["input_ids"].numel()), weights=weights)
@@ -179,8 +180,8 @@ def run(scenario: str, out: str) -> None:
             indices=trainer.selection.indices.tolist(),
             weights=trainer.selection.weights.tolist(),
             labels=trainer.selection.labels.tolist(),
-            all_labels=trainer._cs_labels.tolist(),
-            raw_labels=trainer._cs_raw_labels.tolist(),
+            all_labels=trainer.selection_run.labels.tolist(),
+            raw_labels=trainer.selection_run.raw_labels.tolist(),
         ),
         logs=[{k: v for k, v in entry.items() if k.startswith("cluster_select/") or k in ("step", "loss")}
               for entry in trainer.state.log_history],
@@ -188,12 +189,12 @@ def run(scenario: str, out: str) -> None:
     if scenario not in RESUME_FROM:
         subset = {}
         for epoch in range(plan.warmup_epochs, plan.num_epochs):
-            subset[epoch] = _iterate(trainer, trainer._cs_selected_loader, trainer._cs_selected_sampler, epoch)
-        record["subset_loader_len"] = len(trainer._cs_selected_loader)
+            subset[epoch] = _iterate(trainer, trainer._cs_subset_loader, trainer.selection_run.subset_sampler, epoch)
+        record["subset_loader_len"] = len(trainer._cs_subset_loader)
         record["subset_batches"] = subset
         if plan.warmup_steps:
             loader = trainer.get_train_dataloader()
-            record["warmup_batches"] = _iterate(trainer, loader, trainer._cs_warmup_sampler, 0)
+            record["warmup_batches"] = _iterate(trainer, loader, trainer.selection_run.warmup_sampler, 0)
             record["warmup_loader_len"] = len(loader)
     with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
         json.dump(record, f)
@@ -203,7 +204,7 @@ def run(scenario: str, out: str) -> None:
 
 def main(argv: list[str]) -> None:
     out, scenarios = argv[0], argv[1].split(",")
-    pipeline.last_layer_grad_features = _recording_features  # only in the worker process, never under pytest
+    FEATURES._entries["last_layer_grad"] = _recording_features  # only in the worker process, never under pytest
     for scenario in scenarios:
         run(scenario, out)
 

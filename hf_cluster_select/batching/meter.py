@@ -8,7 +8,7 @@ is the time the step takes relative to a perfectly balanced one: 1.0 = no rank w
 
 from __future__ import annotations
 
-from . import distributed
+from .. import distributed
 
 METRIC_PREFIX = "cluster_select/"
 

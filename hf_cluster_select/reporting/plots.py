@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .atomic import atomic_open
+from ..atomic import atomic_open
 
 
 def _values(report: Any) -> Mapping[str, Any]:

@@ -1,6 +1,7 @@
-"""ClusterTrainer and ClusterSFTTrainer: drop-in Trainer / SFTTrainer with cluster-based data selection (layer L5).
+"""ClusterSFTTrainer: drop-in `trl.SFTTrainer` with cluster-based data selection (layer L4).
 
-Both are `ClusterSelectMixin` (mixin.py) placed before the Hugging Face trainer in the bases: no copied logic.
+`ClusterSelectMixin` (trainer.py) placed before TRL's trainer in the bases; the TRL-specific checks live in
+`trl_checks.py`.
 """
 
 from __future__ import annotations
@@ -10,11 +11,10 @@ import logging
 from typing import Any
 
 import numpy as np
-from transformers import Trainer
 
-from .config import ClusterSelectConfig
-from .mixin import ClusterSelectMixin
-from .sft import (
+from ..config import ClusterSelectConfig
+from .trainer import ClusterSelectMixin
+from .trl_checks import (
     DEFAULT_MAX_DROPPED_FRACTION,
     ExampleWeightedForward,
     check_dropped,
@@ -25,18 +25,6 @@ from .sft import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-class ClusterTrainer(ClusterSelectMixin, Trainer):
-    """`transformers.Trainer` that trains on a cluster-selected, re-weighted, rank-balanced subset.
-
-    Use it exactly like `Trainer`, plus `cluster_config=ClusterSelectConfig(...)`:
-
-        trainer = ClusterTrainer(model=model, args=args, train_dataset=train, cluster_config=ClusterSelectConfig())
-        trainer.train()
-
-    Method: CluSTER (Kim et al., EMNLP 2026) with HDBSCAN clusters, exact budgets and token balance; see README.
-    """
 
 
 try:  # TRL is a core dependency, but keep `ClusterTrainer` importable without it
@@ -148,11 +136,9 @@ if _SFTTrainer is not None:
                 )
             return int(dropped)
 
-        def run_selection(self, model=None) -> None:
-            """`ClusterSelectMixin.run_selection`, then `n_dropped_by_preparation` recorded in the report."""
-            super().run_selection(model)
-            if self.selection_report is not None:
-                self.selection_report.n_dropped_by_preparation = self.n_dropped_by_preparation
+        def _cs_after_selection(self, report) -> None:
+            """Record `n_dropped_by_preparation` in the report."""
+            report.n_dropped_by_preparation = self.n_dropped_by_preparation
 
         def _cs_weighted_loss(self, model, inputs, weights, return_outputs=False, num_items_in_batch=None):
             """TRL's own `compute_loss` (fused LM head, metrics) with per-example weighted log-probabilities."""

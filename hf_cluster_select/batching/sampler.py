@@ -1,6 +1,6 @@
 """One global, seed+epoch batch sampler that accelerate shards (layer L2).
 
-`ClusterBatchSampler` yields the per-device batches of `allocation.plan_epoch` (or `plan_epoch_paper`) as dataset
+`ClusterBatchSampler` yields the per-device batches of an allocation's plan (`allocations.ALLOCATIONS`) as dataset
 indices, the same sequence on every rank. It never shards by rank itself: with more than one process, accelerate
 wraps it in `BatchSamplerShard` (`split_batches=False`), which gives batch `k` to rank `k % world_size`; the plan is
 ordered so that this dealing hands every rank its intended batch of each micro-step. `batch_size = None` tells
@@ -16,24 +16,9 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from .allocation import batches_per_rank, plan_epoch, plan_epoch_paper
-from .config import ALLOCATIONS
-
-
-def _int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"`{name}` must be an int >= {minimum}, got {value!r}.")
-    return int(value)
-
-
-def _int_array(name: str, value: Any, shape: tuple[int, ...] | None = None) -> np.ndarray:
-    array = np.asarray(value)
-    if array.ndim != 1 or array.shape[0] < 1 or not np.issubdtype(array.dtype, np.integer):
-        raise ValueError(f"`{name}` must be a 1-D int array with at least one entry, got shape {array.shape}, "
-                         f"dtype {array.dtype}.")
-    if shape is not None and array.shape != shape:
-        raise ValueError(f"`{name}` must have the shape of `labels` {shape}, got {array.shape}.")
-    return array.astype(np.int64)
+from .._checks import check_int as _int
+from .._checks import check_int_array as _int_array
+from .allocations import get_allocation
 
 
 class ClusterBatchSampler(Sampler[list[int]]):
@@ -49,12 +34,13 @@ class ClusterBatchSampler(Sampler[list[int]]):
         lengths (`np.ndarray` of shape `[m]`, int): tokens per kept example, >= 1.
         world_size (`int`): data-parallel ranks `W` (accelerate's `num_processes`).
         per_device_batch_size (`int`): examples per per-device batch `B` (with `balance_tokens`, batches of short examples
-            hold up to 4·B, of long ones fewer: see `allocation.plan_epoch`).
+            hold up to 4·B, of long ones fewer: see `plan.plan_epoch`).
         seed (`int`, *optional*, defaults to `42`): seed of the order.
         balance_tokens (`bool`, *optional*, defaults to `True`): compose micro-steps by length (see `plan_epoch`).
         window (`int`, *optional*, defaults to `8`): look-ahead in micro-steps when balancing tokens.
-        allocation (`str`, *optional*, defaults to `"balanced"`): `"balanced"` (`plan_epoch`) or `"paper"`
-            (`plan_epoch_paper`, CluSTER's one cluster per rank; needs exactly `world_size` clusters).
+        allocation (`str`, *optional*, defaults to `"balanced"`): a name in `allocations.ALLOCATIONS`: `"balanced"`
+            (`plan.plan_epoch`) or `"paper"` (`paper.plan_epoch_paper`, CluSTER's one cluster per rank; needs exactly
+            `world_size` clusters).
         num_batches (`int`, *optional*): per-device batches to yield per iteration, a positive multiple of
             `world_size`; `None` = one epoch.
     Raises:
@@ -83,22 +69,22 @@ class ClusterBatchSampler(Sampler[list[int]]):
         indices = _int_array("indices", indices, labels.shape)
         if lengths.min() < 1:
             raise ValueError(f"`lengths` must be >= 1 (tokens), got min {lengths.min()}.")
-        if allocation not in ALLOCATIONS:
-            raise ValueError(f"`allocation` must be one of {list(ALLOCATIONS)}, got {allocation!r}.")
+        strategy = get_allocation(allocation)
         self.world_size = _int("world_size", world_size, 1)
         self.per_device_batch_size = _int("per_device_batch_size", per_device_batch_size, 1)
         self.window = _int("window", window, 1)
         self.seed = _int("seed", seed, -(1 << 63))
         if num_batches is not None and (_int("num_batches", num_batches, 1) % self.world_size):
             raise ValueError(f"`num_batches` must be a multiple of `world_size`={self.world_size}, got {num_batches}.")
-        if allocation == "paper" and len(np.unique(labels)) != self.world_size:
+        if strategy.exact_clusters and len(np.unique(labels)) != self.world_size:
             raise ValueError(f"`labels` must hold exactly `world_size`={self.world_size} distinct clusters for "
-                             f"`allocation`='paper', got {len(np.unique(labels))}.")
+                             f"`allocation`={allocation!r}, got {len(np.unique(labels))}.")
         self.indices = indices
         self.labels = labels
         self.lengths = lengths
         self.balance_tokens = bool(balance_tokens)
         self.allocation = allocation
+        self.strategy = strategy
         self.num_batches = None if num_batches is None else int(num_batches)
         self.epoch = 0
 
@@ -118,11 +104,7 @@ class ClusterBatchSampler(Sampler[list[int]]):
 
     def batches_per_epoch(self) -> int:
         """Per-device batches in one epoch's plan (all ranks together), a multiple of `world_size`; no iteration."""
-        m, w, b = len(self.indices), self.world_size, self.per_device_batch_size
-        if self.allocation == "paper":
-            largest = int(np.unique(self.labels, return_counts=True)[1].max())
-            return -(-largest // b) * w
-        return batches_per_rank(m, w, b) * w
+        return self.strategy.batches_per_rank(self.labels, self.world_size, self.per_device_batch_size) * self.world_size
 
     def __len__(self) -> int:
         """Per-device batches one iteration yields (all ranks together): `num_batches`, or one epoch's plan."""
@@ -130,16 +112,15 @@ class ClusterBatchSampler(Sampler[list[int]]):
 
     def plan(self, epoch: int) -> list[list[int]]:
         """One epoch's batches as POSITIONS `0..m-1` into `indices` / `labels` / `lengths` (for tests, benchmarks and
-        `allocation.plan_stats`); `__iter__` yields `indices[positions]`.
+        `plan.plan_stats`); `__iter__` yields `indices[positions]`.
 
         Raises:
             ValueError: if `epoch` is not an int >= 0.
         """
-        common = dict(world_size=self.world_size, per_device_batch_size=self.per_device_batch_size, seed=self.seed)
-        if self.allocation == "paper":
-            return plan_epoch_paper(self.labels, epoch=epoch, **common)
-        return plan_epoch(self.labels, self.lengths, epoch=epoch, balance_tokens=self.balance_tokens,
-                          window=self.window, **common)
+        return self.strategy.plan(self.labels, self.lengths, world_size=self.world_size,
+                                  per_device_batch_size=self.per_device_batch_size, seed=self.seed,
+                                  epoch=_int("epoch", epoch, 0), balance_tokens=self.balance_tokens,
+                                  window=self.window)
 
     def __iter__(self) -> Iterator[list[int]]:
         remaining = len(self)

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .atomic import atomic_open
+from ..atomic import atomic_open
 
 START_MARKER = "<!-- hf_cluster_select:start -->"
 END_MARKER = "<!-- hf_cluster_select:end -->"

@@ -18,7 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-IGNORE_INDEX = -100
+from ..loss_tokens import IGNORE_INDEX, has_loss_token
+from ..validation import check_train_dataset
+
 FORMATS = ("tokenized", "formatting_func", "conversational", "prompt_completion", "text")
 DEFAULT_MAX_DROPPED_FRACTION = 0.25
 
@@ -47,23 +49,7 @@ def check_sft_dataset(
         ValueError: for a `DatasetDict` or dict of splits (naming the splits), a streaming or length-less dataset, an
             empty dataset, or columns that match no format (naming the columns found and the formats accepted).
     """
-    if dataset is None:
-        raise ValueError(f"ClusterSFTTrainer needs a `{name}`.")
-    if isinstance(dataset, Mapping) or (hasattr(dataset, "keys") and hasattr(dataset, "values")
-                                        and not hasattr(dataset, "column_names")):
-        splits = sorted(str(key) for key in dataset.keys())
-        raise ValueError(
-            f"`{name}` is a dict of splits {splits}, not one split; pass one, e.g. "
-            f"`{name}=dataset[{('train' if 'train' in splits else splits[0])!r}]`."
-            if splits else f"`{name}` is an empty dict of splits; pass one `datasets.Dataset`."
-        )
-    if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
-        raise ValueError(
-            f"`{name}` must be a map-style `datasets.Dataset` (selection needs to see every example), got "
-            f"{type(dataset).__name__}; materialise a streaming dataset first (e.g. `Dataset.from_generator`)."
-        )
-    if len(dataset) == 0:
-        raise ValueError(f"`{name}` is empty.")
+    check_train_dataset(dataset, name)
     columns = _columns(dataset)
     if columns is None:
         first = dataset[0]
@@ -151,8 +137,8 @@ def loss_free_examples(dataset: Any, labels_key: str = "labels", batch_size: int
         return np.zeros(0, dtype=np.int64)
     if not hasattr(dataset, "with_format") or columns is None:
         values = [dataset[i].get(labels_key) for i in range(len(dataset))]
-        return np.asarray([i for i, labels in enumerate(values) if labels is not None
-                           and not any(label != IGNORE_INDEX for label in list(labels)[1:])], dtype=np.int64)
+        return np.asarray([i for i, labels in enumerate(values) if not has_loss_token(labels, shift=True)],
+                          dtype=np.int64)
     import pyarrow.compute as pc
 
     empty, offset = [], 0

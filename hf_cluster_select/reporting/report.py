@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from ._types import ClusteringResult, Selection
-from .atomic import atomic_open
-from .config import ClusterSelectConfig
+from .._types import ClusteringResult, Selection
+from ..atomic import atomic_open
+from ..config import ClusterSelectConfig
 
 TOKEN_KINDS = ("loss", "input")
 MEASURED = "measured"

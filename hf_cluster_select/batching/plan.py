@@ -19,33 +19,12 @@ from typing import Any
 
 import numpy as np
 
-MAX_EXAMPLES_FACTOR = 4  # a token-balanced per-device batch holds at most 4·B examples
-HEAD_FIT = 0.02  # a batch's longest example fits the step's budget when examples × its length is within 2% of it
-PARTNER_SPAN = 0.2  # the other examples of a batch come first from those at least 80% as long as its longest
+from .._checks import check_int, check_int_array
+from .token_budget import MAX_EXAMPLES_FACTOR, HEAD_FIT, PARTNER_SPAN, plan_token_balanced  # noqa: F401
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"`{name}` must be an int >= {minimum}, got {value!r}.")
-    return int(value)
-
-
-def _check_arrays(labels: Any, lengths: Any | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    labels = np.asarray(labels)
-    if labels.ndim != 1 or labels.shape[0] < 1 or not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(f"`labels` must be a 1-D int array with at least one entry, got shape {labels.shape}, "
-                         f"dtype {labels.dtype}.")
-    if lengths is None:
-        return labels.astype(np.int64), None
-    lengths = np.asarray(lengths)
-    if lengths.shape != labels.shape:
-        raise ValueError(f"`lengths` must have the shape of `labels` {labels.shape}, got {lengths.shape}.")
-    if not np.issubdtype(lengths.dtype, np.integer) or lengths.min() < 1:
-        raise ValueError(f"`lengths` must be ints >= 1 (tokens), got dtype {lengths.dtype}, min {lengths.min()}.")
-    return labels.astype(np.int64), lengths.astype(np.int64)
-
-
-def _rng(seed: int, epoch: int, salt: int) -> np.random.Generator:
+def epoch_rng(seed: int, epoch: int, salt: int) -> np.random.Generator:
+    """The generator of one epoch's plan: seeded by `(seed, epoch, salt)`, identical on every rank."""
     return np.random.default_rng([int(seed) % (1 << 64), int(epoch) % (1 << 64), salt])
 
 
@@ -63,9 +42,9 @@ def batches_per_rank(n_examples: int, world_size: int, per_device_batch_size: in
     Raises:
         ValueError: if an argument is not an int >= 1.
     """
-    n = _check_int("n_examples", n_examples, 1)
-    w = _check_int("world_size", world_size, 1)
-    b = _check_int("per_device_batch_size", per_device_batch_size, 1)
+    n = check_int("n_examples", n_examples, 1)
+    w = check_int("world_size", world_size, 1)
+    b = check_int("per_device_batch_size", per_device_batch_size, 1)
     return -(-n // (w * b))
 
 
@@ -126,79 +105,6 @@ def _deal(step: np.ndarray, world_size: int) -> list[list[int]]:
     return [step[r::world_size].tolist() for r in range(world_size)]
 
 
-def _compose_step(lens: np.ndarray, clusters: np.ndarray, weight: np.ndarray, anchor: int, budget: float, w: int,
-                  least: int, most: int, cap: int, token_cap: int) -> tuple[list[list[int]], np.ndarray]:
-    """The `w` batches of one micro-step, as indices into `lens` (the waiting examples, oldest first), each of padded
-    size about `budget`, the first one led by `anchor`; `least..most` examples in all. Returns them and the mask of
-    the examples used."""
-    used, held = np.zeros(len(lens), dtype=bool), np.zeros(len(weight))  # `held`: examples per cluster in the step
-    limit = min(budget * (1 + HEAD_FIT), token_cap)
-
-    def take(candidates: np.ndarray) -> int:  # the oldest candidate of the cluster most behind its share of the step
-        pick = int(candidates[np.argmin((held[clusters[candidates]] + 1) * weight[clusters[candidates]])])
-        used[pick], held[clusters[pick]] = True, held[clusters[pick]] + 1
-        return pick
-
-    batches: list[list[int]] = []
-    for k in range(w):
-        free = np.flatnonzero(~used)
-        room = most - int(used.sum()) - (w - 1 - k)  # leave one example for each batch still to build
-        no_longer = np.searchsorted(np.sort(lens[free]), lens[free], side="right")  # free ones, itself included
-        count = np.clip(np.minimum(np.floor(limit / lens[free]), np.minimum(cap, no_longer)), 1, max(1, room))
-        fit = count * lens[free] / budget
-        good = free[np.abs(fit - 1) <= HEAD_FIT]
-        closest = free[[np.argmin(np.maximum(fit, 1 / fit))]]  # when none fits within `HEAD_FIT`
-        head = take(np.array([anchor]) if k == 0 else good if len(good) else closest)
-        n, batch = int(count[np.searchsorted(free, head)]) - 1, [head]
-        while len(batch) <= n:  # other examples no longer than the leader: close in length first
-            near = np.flatnonzero(~used & (lens <= lens[head]) & (lens >= (1 - PARTNER_SPAN) * lens[head]))
-            if not len(near):
-                break
-            batch.append(take(near))
-        rest = np.flatnonzero(~used & (lens <= lens[head]))  # then the longest of the shorter ones
-        rest = rest[np.argsort(-lens[rest], kind="stable")][: n + 1 - len(batch)]
-        used[rest] = True
-        batches.append(batch + rest.tolist())
-    for i in np.flatnonzero(~used)[: max(0, least - int(used.sum()))]:  # top up to `least`, oldest first
-        cost = [(len(x) + 1) * max(lens[x].max(), lens[i]) if len(x) < cap else np.inf for x in batches]
-        batches[int(np.argmin(cost))].append(int(i))
-        used[i] = True
-    return batches, used
-
-
-def _plan_token_balanced(order: np.ndarray, labels: np.ndarray, lengths: np.ndarray, groups: int, w: int, b: int,
-                         window: int, rng: np.random.Generator) -> list[list[int]]:
-    """`balance_tokens=True` of `plan_epoch`: micro-steps composed one after another from a lookahead of the order."""
-    _, cluster, sizes = np.unique(labels, return_inverse=True, return_counts=True)
-    cluster, weight = cluster.reshape(-1), len(labels) / sizes
-    cap, token_cap = MAX_EXAMPLES_FACTOR * b, b * int(lengths.max())
-    waiting, since = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)  # examples waiting, oldest first
-    taken, scale, carry = 0, 1.0, 0.0
-    plan: list[list[int]] = []
-    for step in range(groups):
-        more = order[taken : taken + max(0, (window + 1) * w * b - len(waiting))]
-        waiting, since = np.concatenate([waiting, more]), np.concatenate([since, np.full(len(more), step)])
-        taken += len(more)
-        lens = lengths[waiting]
-        remaining, left = len(waiting) + len(order) - taken, groups - step
-        least, most = remaining - (left - 1) * w * b, min(len(waiting), remaining - (left - 1) * w)  # last: the rest
-        target = min(max(round(remaining / left), least), most)
-        overdue = np.flatnonzero(since <= step - window)  # waited `window` steps: lead now, the longest first
-        anchor = int(overdue[np.argmax(lens[overdue])]) if len(overdue) else int(np.argmax(lens))
-        budget = lens[:target].sum() / w * scale  # the step's share of tokens per rank
-        anchor = anchor if len(overdue) or lens[anchor] > budget else 0  # else the oldest
-        quotient = budget / lens[anchor] + carry
-        up = target == least < most  # round up when the step must take `least` examples (but not the last step)
-        copies = np.ceil(quotient) if up else np.floor(quotient + 0.5)
-        copies = int(min(max(1, copies), cap, token_cap // lens[anchor]))
-        budget, carry = copies * float(lens[anchor]), quotient - copies
-        chosen, used = _compose_step(lens, cluster[waiting], weight, anchor, budget, w, least, most, cap, token_cap)
-        scale *= 0.7 + 0.3 * target / used.sum()  # feedback on the examples taken (plain arithmetic: same on all hosts)
-        plan.extend([waiting[chosen[r]].tolist() for r in rng.permutation(w)])
-        waiting, since = waiting[~used], since[~used]
-    return plan
-
-
 def plan_epoch(
     labels: Any,
     lengths: Any,
@@ -251,19 +157,22 @@ def plan_epoch(
     Raises:
         ValueError: if an argument is out of range or `labels` and `lengths` differ in shape.
     """
-    labels, lengths = _check_arrays(labels, lengths)
-    w = _check_int("world_size", world_size, 1)
-    b = _check_int("per_device_batch_size", per_device_batch_size, 1)
-    window = _check_int("window", window, 1)
-    _check_int("epoch", epoch, 0)
+    labels = check_int_array("labels", labels)
+    lengths = check_int_array("lengths", lengths, labels.shape)
+    if lengths.min() < 1:
+        raise ValueError(f"`lengths` must be ints >= 1 (tokens), got min {lengths.min()}.")
+    w = check_int("world_size", world_size, 1)
+    b = check_int("per_device_batch_size", per_device_batch_size, 1)
+    window = check_int("window", window, 1)
+    check_int("epoch", epoch, 0)
     m = labels.shape[0]
     groups = batches_per_rank(m, w, b)
-    rng = _rng(_check_int("seed", seed, -(1 << 63)), epoch, 0)
+    rng = epoch_rng(check_int("seed", seed, -(1 << 63)), epoch, 0)
     order = mixed_order(labels, rng)
     if m < groups * w:
         order = np.resize(order, groups * w)  # documented pad: cyclic repeat from the start of the order
     if balance_tokens:
-        plan = _plan_token_balanced(order, labels, lengths, groups, w, b, window, rng)
+        plan = plan_token_balanced(order, labels, lengths, groups, w, b, window, rng)
     else:
         bounds = np.cumsum([0, *_step_sizes(len(order), groups, w, b)])
         plan = [x for j in range(groups) for x in _deal(rng.permutation(order[bounds[j] : bounds[j + 1]]), w)]
@@ -304,67 +213,6 @@ def _separate_repeats(plan: list[list[int]], world_size: int) -> list[list[int]]
     return out
 
 
-def check_paper_allocation(world_size: int, cluster_method: str, kmeans_n_clusters: int | None) -> None:
-    """Fail early (before any model work) when CluSTER's one-cluster-per-rank allocation cannot work.
-
-    Args:
-        world_size (`int`): data-parallel ranks `W`.
-        cluster_method (`str`): `ClusterSelectConfig.cluster_method`.
-        kmeans_n_clusters (`int` or `None`): `ClusterSelectConfig.kmeans_n_clusters` (`None` = `W`).
-    Raises:
-        ValueError: with fewer than 2 ranks, a clusterer other than KMeans (HDBSCAN chooses its own number of
-            clusters), or a KMeans `K` other than `W`.
-    """
-    if world_size < 2:
-        raise ValueError(f"`allocation`='paper' gives each rank one cluster and needs at least 2 processes, got "
-                         f"world_size {world_size}; use `allocation`='balanced' on one process.")
-    if cluster_method != "kmeans":
-        raise ValueError(f"`allocation`='paper' needs exactly world_size={world_size} clusters: use "
-                         f"`cluster_method`='kmeans' (got {cluster_method!r}), e.g. ClusterSelectConfig.paper().")
-    if kmeans_n_clusters not in (None, world_size):
-        raise ValueError(f"`allocation`='paper' needs `kmeans_n_clusters` = world_size {world_size} (or None), got "
-                         f"{kmeans_n_clusters}.")
-
-
-def plan_epoch_paper(
-    labels: Any, *, world_size: int, per_device_batch_size: int, seed: int, epoch: int
-) -> list[list[int]]:
-    """CluSTER's allocation (Kim et al., EMNLP 2026): rank `k` trains only on cluster `k`, every step.
-
-    The distinct labels, sorted, are mapped to ranks `0..W-1` (there must be exactly `W`). The epoch has
-    `G = ceil(max_k n_k / B)` micro-steps; each cluster's members, shuffled, are cut into `G` consecutive batches of
-    near-equal size (`np.array_split`), so every member appears exactly once and every rank finishes together. With
-    equal cluster sizes (CluSTER's uniform quota, or sizes differing by 1) every rank gets the same count per step
-    and `G == batches_per_rank(m, W, B)`; a smaller cluster gets smaller batches (its rank's loss weight
-    `K·|C_k|/N`, applied by the trainer, keeps the mixture right). Pad: a cluster with fewer than `G` members is
-    repeated cyclically from the start of its order so that none of its batches is empty.
-
-    Args:
-        labels (`np.ndarray` of shape `[m]`, int): cluster of each position, exactly `world_size` distinct values.
-        world_size (`int`): data-parallel ranks `W`, equal to the number of clusters.
-        per_device_batch_size (`int`): most examples per per-device batch `B`.
-        seed (`int`): seed of the order.
-        epoch (`int`): epoch number, >= 0.
-    Returns:
-        `list[list[int]]`: `G·W` non-empty batches of positions; batch `j·W + k` holds only members of cluster `k`.
-    Raises:
-        ValueError: if an argument is out of range or `labels` does not hold exactly `world_size` distinct values.
-    """
-    labels, _ = _check_arrays(labels)
-    w = _check_int("world_size", world_size, 1)
-    b = _check_int("per_device_batch_size", per_device_batch_size, 1)
-    _check_int("epoch", epoch, 0)
-    clusters = np.unique(labels)
-    if len(clusters) != w:
-        raise ValueError(f"`labels` must hold exactly `world_size`={w} distinct clusters for the paper allocation, "
-                         f"got {len(clusters)}.")
-    rng = _rng(_check_int("seed", seed, -(1 << 63)), epoch, 1)
-    members = [rng.permutation(np.flatnonzero(labels == c)) for c in clusters]
-    groups = max(-(-len(x) // b) for x in members)
-    per_rank = [np.array_split(np.resize(x, max(len(x), groups)), groups) for x in members]
-    return [per_rank[k][j].tolist() for j in range(groups) for k in range(w)]
-
-
 def plan_stats(plan: list[list[int]], lengths: Any, world_size: int) -> dict[str, float]:
     """Token balance and padding of a plan, per micro-step (groups of `world_size` consecutive batches).
 
@@ -383,7 +231,7 @@ def plan_stats(plan: list[list[int]], lengths: Any, world_size: int) -> dict[str
     Raises:
         ValueError: if `world_size` < 1 or the number of batches is not a positive multiple of it.
     """
-    w = _check_int("world_size", world_size, 1)
+    w = check_int("world_size", world_size, 1)
     if len(plan) == 0 or len(plan) % w:
         raise ValueError(f"`plan` must hold a positive multiple of `world_size`={w} batches, got {len(plan)}.")
     lengths = np.asarray(lengths, dtype=np.int64)

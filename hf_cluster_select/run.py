@@ -1,0 +1,254 @@
+"""The selection run: every decision of one ClusterTrainer `train()` call, without the Trainer (layer L3).
+
+`SelectionRun` takes plain values (dataset size and token lengths, batch geometry, LR warm-up, max steps, epochs,
+whether labels are shifted) and owns what follows from them: the step plan, the allocation strategy, the selection
+and its per-example loss weights, the warm-up and subset samplers, the measured clock and the resume identity. It
+never calls back into a trainer; `integrations.trainer.ClusterSelectMixin` turns Trainer state into its arguments
+and its samplers into DataLoaders. It is tested in milliseconds without a Trainer (`tests/test_run.py`).
+
+    ClusterTrainer ──► SelectionRun ──► StepPlan (schedule.py)
+                                   ──► Allocation (batching/allocations.py) ──► ClusterBatchSampler ──► batch plan
+                                   ──► select_with_model (pipeline.py): features → clustering → selection
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ._types import Selection
+from .batching.allocations import get_allocation
+from .batching.sampler import ClusterBatchSampler
+from .clock import PhaseClock
+from .config import ClusterSelectConfig
+from .persistence import SavedSelection, data_fingerprint, save_selection
+from .pipeline import select_with_model
+from .reporting.report import SelectionReport
+from .schedule import StepPlan, plan_steps, resolve_warmup_steps
+from .selection.budget import selection_budget
+
+
+class SelectionRun:
+    """The plan, selection, weights and samplers of one training run.
+
+    Args:
+        config (`ClusterSelectConfig`): the selection settings.
+        lengths (array-like of shape `[n_examples]`, int): tokens of every training example (>= 1).
+        world_size (`int`): data-parallel ranks.
+        per_device_batch_size (`int`): examples per per-device batch.
+        gradient_accumulation_steps (`int`): micro-batches per optimizer step.
+        num_train_epochs (`float`): epochs over the selected subset (used when `max_steps <= 0`).
+        max_steps (`int`, *optional*, defaults to `-1`): total optimizer steps, warm-up included.
+        lr_warmup_steps (`float`, *optional*, defaults to `0`): `TrainingArguments.warmup_steps` (a step count, or a
+            ratio below 1); the warm-up on the full data when `config.warmup_steps` is `None`.
+        shift_labels (`bool`, *optional*, defaults to `True`): whether position `t` predicts `labels[t + 1]` (causal
+            LM). Decided once, here; features, validation and the weighted loss all read `self.shift_labels`.
+        clock (`PhaseClock`, *optional*): the run's clock (a fresh one by default).
+    Raises:
+        ValueError: for a plan that cannot run (see `schedule.plan_steps`) or an allocation that cannot run on this
+            geometry (`Allocation.check`), before any model work.
+    """
+
+    def __init__(
+        self,
+        config: ClusterSelectConfig,
+        *,
+        lengths: Sequence[int],
+        world_size: int,
+        per_device_batch_size: int,
+        gradient_accumulation_steps: int,
+        num_train_epochs: float,
+        max_steps: int = -1,
+        lr_warmup_steps: float = 0,
+        shift_labels: bool = True,
+        clock: PhaseClock | None = None,
+    ) -> None:
+        if not isinstance(config, ClusterSelectConfig):
+            raise TypeError(f"`config` must be a ClusterSelectConfig, got {type(config).__name__}.")
+        self.config = config
+        self.lengths = np.maximum(np.asarray(lengths, dtype=np.int64).reshape(-1), 1)
+        self.shift_labels = bool(shift_labels)
+        self.clock = clock if clock is not None else PhaseClock()
+        self.allocation = get_allocation(config.allocation)
+        self.allocation.check(world_size, config)
+        self._steps_args = dict(
+            world_size=world_size, per_device_batch_size=per_device_batch_size,
+            gradient_accumulation_steps=gradient_accumulation_steps, num_train_epochs=num_train_epochs,
+            max_steps=max_steps,
+        )
+        n = int(self.lengths.size)
+        n_kept = selection_budget(n, config.data_fraction)
+        self.plan: StepPlan = self._plan(n_kept, self._warmup_steps(n, n_kept, lr_warmup_steps))
+        self.fingerprint = data_fingerprint(self.lengths)
+        self.selection: Selection | None = None
+        self.labels: np.ndarray | None = None  # cluster of every example
+        self.raw_labels: np.ndarray | None = None  # clusterer label of every example (-1 = noise)
+        self.report: SelectionReport | None = None
+        self.pending_metrics: dict | None = None  # selection metrics to log once the training loop runs
+        self.subset_sampler: ClusterBatchSampler | None = None
+        self.plan_frozen = False  # True once the Trainer has sized its LR schedule from `plan`
+        self._dense_weights: torch.Tensor | None = None
+        self.warmup_sampler = self._sampler(
+            np.arange(n), np.zeros(n, dtype=np.int64), allocation="balanced",
+            num_batches=self.plan.warmup_steps * self.plan.gradient_accumulation_steps * self.plan.world_size or None,
+        )
+
+    # ---- planning ---------------------------------------------------------------------------------------------
+    def _plan(self, n_kept: int, warmup_steps: int, selected_batches_per_epoch: int | None = None) -> StepPlan:
+        return plan_steps(n_examples=int(self.lengths.size), n_kept=n_kept, warmup_steps=warmup_steps,
+                          selected_batches_per_epoch=selected_batches_per_epoch, **self._steps_args)
+
+    def _warmup_steps(self, n: int, n_kept: int, lr_warmup_steps: float) -> int:
+        """Warm-up steps on the full data: 0 for an allocation that selects first, `config.warmup_steps`, or the LR
+        warm-up (a ratio of the planned total, see `schedule.resolve_warmup_steps`)."""
+        if self.allocation.selects_before_training:
+            return 0
+        if self.config.warmup_steps is not None:
+            return self.config.warmup_steps
+        max_steps = self._steps_args["max_steps"]
+        total = self._plan(n_kept, 0).total_steps if 0 < lr_warmup_steps < 1 and max_steps <= 0 else None
+        return resolve_warmup_steps(lr_warmup_steps, max_steps=max_steps, total_without_warmup=total)
+
+    def freeze_plan(self) -> StepPlan:
+        """Mark the plan as handed to the Trainer (its LR schedule spans `plan.total_steps`); returns the plan."""
+        self.plan_frozen = True
+        return self.plan
+
+    @property
+    def selects_before_training(self) -> bool:
+        """Whether the selection must exist before the LR schedule is sized (the allocation's batch count depends on
+        the clusters: CluSTER's one cluster per rank)."""
+        return self.allocation.selects_before_training
+
+    def is_warmup_epoch(self, epoch: int) -> bool:
+        """Whether logical epoch `epoch` is the warm-up on the full data."""
+        return self.plan.is_warmup_epoch(epoch)
+
+    def sampler_for(self, epoch: int) -> ClusterBatchSampler:
+        """The sampler of logical epoch `epoch`, set to that epoch (the subset's needs a selection first).
+
+        Raises:
+            RuntimeError: for a post-warm-up epoch before any selection.
+        """
+        if self.is_warmup_epoch(epoch):
+            sampler = self.warmup_sampler
+        elif self.subset_sampler is None:
+            raise RuntimeError("no selection yet: call `select` (or `adopt`) before the first subset epoch.")
+        else:
+            sampler = self.subset_sampler
+        sampler.set_epoch(epoch)
+        return sampler
+
+    def _sampler(self, indices, labels, *, allocation: str, num_batches: int | None = None) -> ClusterBatchSampler:
+        plan, config = self.plan, self.config
+        return ClusterBatchSampler(
+            indices=indices, labels=labels, lengths=self.lengths[np.asarray(indices)], world_size=plan.world_size,
+            per_device_batch_size=plan.per_device_batch_size, seed=config.seed, balance_tokens=config.balance_tokens,
+            window=config.balance_window, allocation=allocation, num_batches=num_batches,
+        )
+
+    # ---- selection --------------------------------------------------------------------------------------------
+    def select(self, model: torch.nn.Module, dataset: Any, collator: Any, *, batch_size: int,
+               show_progress: bool = True) -> SelectionReport:
+        """Features on every rank's shard, clustering and selection on rank 0, broadcast; then `adopt` it.
+
+        Args:
+            model (`torch.nn.Module`): the unwrapped model the features come from.
+            dataset (map-style dataset of `dict`), collator (`Callable`): the feature view of the training data.
+            batch_size (`int`): examples per feature forward pass.
+            show_progress (`bool`, *optional*, defaults to `True`): tqdm bar on this rank.
+        Returns:
+            `SelectionReport`, also `self.report`; its summary is left in `pending_metrics` for the trainer to log.
+        Raises:
+            ValueError: see `pipeline.select_with_model`.
+        """
+        outcome = select_with_model(
+            model, dataset, collator, config=self.config, plan=self.plan, lengths=self.lengths, clock=self.clock,
+            batch_size=batch_size, shift_labels=self.shift_labels,
+            merge_unclusterable=self.allocation.exact_clusters, show_progress=show_progress,
+        )
+        self.adopt(outcome.selection, outcome.labels, outcome.raw_labels, outcome.report)
+        self.report.selected_steps = self.plan.selected_steps  # re-planned when the allocation sets the batch count
+        self.pending_metrics = self.report.summary_metrics()
+        return self.report
+
+    def adopt(self, selection: Selection, labels: Any, raw_labels: Any, report: SelectionReport | None = None) -> None:
+        """Take `selection` as this run's: per-example loss weights, the subset sampler and (for an allocation that
+        selects before training, while the plan is not frozen) the step plan re-sized to its batch count.
+
+        Raises:
+            ValueError: if it kept another number of examples than the plan's budget, or its batch count does not
+                match a frozen plan.
+        """
+        plan = self.plan
+        if selection.n_kept != plan.n_kept or selection.n_total != plan.n_examples:
+            raise ValueError(
+                f"the selection kept {selection.n_kept} of {selection.n_total} examples, but this run keeps "
+                f"{plan.n_kept} of {plan.n_examples} (data_fraction={self.config.data_fraction})."
+            )
+        self.selection, self.report = selection, report if report is not None else self.report
+        self.labels, self.raw_labels = np.asarray(labels, dtype=np.int64), np.asarray(raw_labels, dtype=np.int64)
+        batches = self.allocation.batches_per_rank(selection.labels, plan.world_size, plan.per_device_batch_size)
+        if batches != plan.selected_batches_per_epoch:
+            if self.plan_frozen:
+                raise ValueError(f"the subset's batch plan has {batches} batches per rank, the frozen step plan "
+                                 f"expected {plan.selected_batches_per_epoch}.")
+            self.plan = self._plan(plan.n_kept, plan.warmup_steps, selected_batches_per_epoch=batches)
+        dense = torch.zeros(plan.n_examples, dtype=torch.float32)
+        kept = self.allocation.loss_weights(selection, self.labels, plan.world_size)
+        dense[torch.as_tensor(selection.indices)] = torch.as_tensor(kept, dtype=torch.float32)
+        self._dense_weights = dense
+        self.subset_sampler = self._sampler(selection.indices, selection.labels, allocation=self.config.allocation)
+
+    def adopt_saved(self, saved: SavedSelection) -> None:
+        """`adopt` a selection loaded from a checkpoint (`persistence.load_selection`).
+
+        Raises:
+            ValueError: if it was made on different training data (fingerprint of the example lengths).
+        """
+        if saved.fingerprint != self.fingerprint:
+            raise ValueError(
+                "the selection saved in the checkpoint was made on different training data (fingerprint mismatch); "
+                "resume with the same `train_dataset` or start a new run."
+            )
+        report = SelectionReport.from_dict(saved.extra["report"]) if saved.extra.get("report") else None
+        self.adopt(saved.selection, saved.labels, saved.raw_labels, report)
+
+    @property
+    def dense_loss_weights(self) -> torch.Tensor | None:
+        """Loss weight of every training example `[n_examples]` (float32; 0 for examples not kept), `None` before
+        selection: the allocation's weights of the kept examples (`Allocation.loss_weights`), built once in `adopt`."""
+        return self._dense_weights
+
+    def loss_weights(self, index: torch.Tensor | None) -> torch.Tensor | None:
+        """Loss weight of each example of a batch `[batch]` (mean about 1 over the kept set), looked up by dataset
+        index; `None` before selection, without indices, or when every weight of the batch is 1 (then the stock loss
+        is exactly right)."""
+        if index is None or self._dense_weights is None:
+            return None
+        weights = self._dense_weights[index.cpu()]
+        return None if bool(torch.all(weights == 1)) else weights
+
+    # ---- persistence and report -------------------------------------------------------------------------------
+    def save(self, folder: str) -> str | None:
+        """Write the selection (indices, weights, labels, config, fingerprint, report) into `folder` atomically;
+        nothing before selection. Returns the path written, or `None`."""
+        if self.selection is None:
+            return None
+        return save_selection(
+            folder, self.selection, labels=self.labels, raw_labels=self.raw_labels, config=self.config.to_dict(),
+            fingerprint=self.fingerprint, extra={"report": self.report.to_dict() if self.report else None},
+        )
+
+    def finalize_report(self, measured_full_seconds: float | None = None) -> SelectionReport | None:
+        """Fill the report's warm-up and training seconds from the clock and the savings against full-data training
+        (measured when `measured_full_seconds` is given, else estimated: see `SelectionReport.apply_savings`)."""
+        if self.report is None:
+            return None
+        self.report.warmup_seconds = self.clock.measured("warmup") or 0.0
+        self.report.training_seconds = self.clock.measured("training") or 0.0
+        self.report.total_seconds = None
+        self.report.apply_savings(measured_full_seconds)
+        return self.report

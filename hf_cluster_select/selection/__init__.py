@@ -1,0 +1,27 @@
+"""Selection stage (layer L2, pure functions over arrays): clustering → per-cluster quotas → within-cluster rules.
+
+- `clustering.cluster_features`: L2-normalise, merge duplicates, PCA, then a clusterer from `clusterers.CLUSTERERS`
+  (`hdbscan_clusterer`, `kmeans_clusterer`).
+- `budget.selection_budget`: the exact number of examples a `data_fraction` keeps.
+- `quotas.cluster_quotas`: the budget split over clusters.
+- `within_cluster.WITHIN_CLUSTER_RULES`: which members of a cluster are kept, and their weights.
+- `select.select_from_labels` / `select.select_subset`: all of the above for one clustering.
+"""
+
+from .budget import selection_budget
+from .clustering import cluster_features
+from .clusterers import CLUSTERERS, ClusterFit
+from .quotas import cluster_quotas
+from .select import select_from_labels, select_subset
+from .within_cluster import WITHIN_CLUSTER_RULES
+
+__all__ = [
+    "CLUSTERERS",
+    "ClusterFit",
+    "WITHIN_CLUSTER_RULES",
+    "cluster_features",
+    "cluster_quotas",
+    "select_from_labels",
+    "select_subset",
+    "selection_budget",
+]

@@ -1,0 +1,74 @@
+"""KMeans with a cluster-size cap, CluSTER's clusterer (Kim et al., EMNLP 2026, Sec. 3), registered as
+`cluster_method="kmeans"` (layer L2: arrays in, labels out).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..config import ClusterSelectConfig
+from .clusterers import CLUSTERERS, ClusterFit
+
+
+def _capacity_assign(points: np.ndarray, centroids: np.ndarray, capacity: int) -> np.ndarray:
+    """Nearest-centroid assignment with at most `capacity` points per centroid.
+
+    Points are ranked by their margin (distance to the second-nearest minus the nearest centroid; ties by index).
+    In round r every unassigned point asks for its r-th nearest centroid, which accepts them in rank order while it
+    has room. Total capacity ≥ n guarantees every point is placed within K rounds.
+    """
+    n, n_clusters = points.shape[0], centroids.shape[0]
+    distances = np.sqrt(((points[:, None, :] - centroids[None, :, :]) ** 2).sum(axis=2))
+    preference = np.argsort(distances, axis=1, kind="stable")
+    sorted_distances = np.take_along_axis(distances, preference, axis=1)
+    margin = sorted_distances[:, 1] - sorted_distances[:, 0] if n_clusters > 1 else np.zeros(n)
+    order = np.lexsort((np.arange(n), -margin))
+    labels = np.full(n, -1, dtype=np.int64)
+    room = np.full(n_clusters, capacity, dtype=np.int64)
+    for round_index in range(n_clusters):
+        waiting = order[labels[order] < 0]
+        if waiting.size == 0:
+            break
+        wanted = preference[waiting, round_index]
+        for cluster in range(n_clusters):
+            accepted = waiting[wanted == cluster][: room[cluster]]
+            labels[accepted] = cluster
+            room[cluster] -= accepted.size
+    return labels
+
+
+def _cluster_kmeans(
+    reduced: np.ndarray, counts: np.ndarray, inverse: np.ndarray, config: ClusterSelectConfig, world_size: int
+) -> tuple[np.ndarray, str | None, dict[str, Any]]:
+    """KMeans (CluSTER's mode) fitted on the distinct rows weighted by their counts. Returns labels for all rows."""
+    from sklearn.cluster import KMeans
+
+    n_total, n_unique = inverse.size, reduced.shape[0]
+    requested = config.kmeans_n_clusters or max(2, world_size)
+    n_clusters = min(requested, n_unique)
+    params: dict[str, Any] = {"n_clusters_requested": requested, "size_cap_examples": None}
+    fallback = None
+    if n_clusters < requested:
+        fallback = f"only {n_unique} distinct feature rows: K clipped from {requested} to {n_clusters}"
+    if n_clusters == 1:
+        return np.zeros(n_total, dtype=np.int64), fallback, params
+    kmeans = KMeans(n_clusters=n_clusters, n_init=10, random_state=config.seed)
+    kmeans.fit(reduced, sample_weight=counts.astype(np.float64))
+    if config.kmeans_size_cap is None:
+        return np.asarray(kmeans.labels_, dtype=np.int64)[inverse], fallback, params
+    capacity = math.ceil(round(float(config.kmeans_size_cap) * n_total / n_clusters, 9))
+    params["size_cap_examples"] = capacity
+    return _capacity_assign(reduced[inverse], kmeans.cluster_centers_, capacity), fallback, params
+
+
+
+@CLUSTERERS.register("kmeans")
+def fit_kmeans(
+    reduced: np.ndarray, counts: np.ndarray, inverse: np.ndarray, config: ClusterSelectConfig, world_size: int
+) -> ClusterFit:
+    """KMeans on the distinct rows weighted by their counts (see `clusterers.Clusterer`); no noise."""
+    labels, fallback, params = _cluster_kmeans(reduced, counts, inverse, config, world_size)
+    return ClusterFit(labels, None, fallback, params)

@@ -1,0 +1,61 @@
+"""Within-cluster rules: which members represent a cluster, and with what weights (layer L2).
+
+A rule is a function
+
+    rule(points [n_c, d], keep, rng, norms [n_c] or None, losses [n_c] or None) -> (positions [keep], weights [keep])
+
+over the members of one cluster, in dataset order: `positions` are unique int64 indices into the members, `weights`
+are positive float64 and sum to `n_c`, so that the kept members stand for the whole cluster. `norms` are the raw
+(pre-normalisation) feature norms, `losses` the warm-up losses, where the pipeline has them. A rule that needs no
+geometry sets `needs_points = False` and then gets `points` of shape `[n_c, 0]`. Register a rule with `@WITHIN_CLUSTER_RULES.register("name")` and add the name
+to `config.WITHIN_CLUSTER`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..registry import Registry
+
+WithinClusterRule = Callable[..., tuple[np.ndarray, np.ndarray]]
+WITHIN_CLUSTER_RULES: Registry[WithinClusterRule] = Registry("within_cluster")
+
+
+def _uniform(positions: np.ndarray, n_members: int) -> tuple[np.ndarray, np.ndarray]:
+    """`positions` as int64, each weighted `n_members / keep`."""
+    positions = np.asarray(positions, dtype=np.int64)
+    return positions, np.full(positions.size, n_members / positions.size, dtype=np.float64)
+
+
+def _centroid_distances(points: np.ndarray) -> np.ndarray:
+    """Euclidean distance of every row of `points` `[n_c, d]` to their mean."""
+    return np.sqrt(((points - points.mean(axis=0)) ** 2).sum(axis=1))
+
+
+@WITHIN_CLUSTER_RULES.register("peripheral")
+def peripheral(points, keep, rng, norms=None, losses=None):
+    """The `keep` members farthest from the centroid (ties: lower position), weight `n_c / keep` each.
+
+    CluSTER's rule (Kim et al., EMNLP 2026): peripheral members beat random and central ones in its ablation.
+    """
+    order = np.lexsort((np.arange(points.shape[0]), -_centroid_distances(points)))
+    return _uniform(order[:keep], points.shape[0])
+
+
+@WITHIN_CLUSTER_RULES.register("central")
+def central(points, keep, rng, norms=None, losses=None):
+    """The `keep` members nearest to the centroid (ties: lower position), weight `n_c / keep` each."""
+    order = np.lexsort((np.arange(points.shape[0]), _centroid_distances(points)))
+    return _uniform(order[:keep], points.shape[0])
+
+
+@WITHIN_CLUSTER_RULES.register("random")
+def random(points, keep, rng, norms=None, losses=None):
+    """A uniformly random `keep` of the members (`rng.permutation`), weight `n_c / keep` each: stratified random
+    sampling with the clusters as strata."""
+    return _uniform(rng.permutation(points.shape[0])[:keep], points.shape[0])
+
+
+random.needs_points = False
