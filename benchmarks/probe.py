@@ -42,8 +42,9 @@ from probe_rules import RULES, check_output  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WEIGHTED_RULES = ("craig", "kcenter_craig", "kmeanspp", "distance_stratified", "loss_stratified",
                   "importance_norm", "importance_loss")
-REFERENCE_ARMS = ("random", "class_random", "target/hdbscan/peripheral", "target/hdbscan/random",
-                  "badge/hdbscan/random", "target/kmeans/random", "target/none/craig")
+REFERENCE_ARMS = ("random", "class_random", "target/hdbscan/peripheral", "badge/hdbscan/peripheral",
+                  "target/hdbscan/random", "target/hdbscan/craig", "badge/hdbscan/craig", "hidden/class/craig",
+                  "badge/none/craig", "target/none/craig")
 METRICS = ("acc", "f1", "tv_w", "tv_u", "min_share_u", "min_share_w", "n_clusters")
 
 
@@ -121,7 +122,10 @@ def select(ctx: Context, arm: str, budget: int) -> tuple[np.ndarray, np.ndarray,
     space, norms, losses = ctx.space(feat), ctx.norms(feat), ctx.feats["loss"]
     rng = np.random.default_rng([ctx.seed, zlib.crc32(arm.encode())])
     sizes = np.bincount(labels)
-    keep = pf.quotas(sizes, budget)
+    if clus.endswith("Xclass"):
+        keep = pf.nested_quotas(labels, ctx.task.y_train, budget)
+    else:
+        keep = pf.quotas(sizes, budget)
     kept, weights = [], []
     for c in np.flatnonzero(keep):
         members = np.flatnonzero(labels == c)
@@ -164,15 +168,17 @@ def run_task(task: probe_data.Task, arms: list[str], fractions: list[float], see
                     per[(f, arm)][m].append(row[m])
     cells = []
     for (f, arm), vals in per.items():
-        base = per[(f, "random")]
-        diff = {m: np.subtract(vals[m], base[m]) for m in ("acc", "f1")}
+        diffs = {}
+        for ref in ("random", "class_random"):
+            for m in ("acc", "f1"):
+                d = np.subtract(vals[m], per[(f, ref)][m])
+                diffs.setdefault(ref, {})[m] = {"mean": float(d.mean()), "std": float(d.std(ddof=1)) if d.size > 1
+                                                else 0.0, "wins": int((d > 0).sum()), "ties": int((d == 0).sum())}
         cells.append({
             "task": task.name, "fraction": f, "arm": arm, "seeds": seeds, "per_seed": vals,
             "mean": {m: float(np.mean(v)) for m, v in vals.items()},
             "std": {m: float(np.std(v, ddof=1)) if len(v) > 1 else 0.0 for m, v in vals.items()},
-            "diff_vs_random": {m: {"mean": float(d.mean()), "std": float(d.std(ddof=1)) if d.size > 1 else 0.0,
-                                   "wins": int((d > 0).sum()), "ties": int((d == 0).sum())}
-                               for m, d in diff.items()},
+            "diff_vs_random": diffs["random"], "diff_vs_class_random": diffs["class_random"],
         })
     return {"cells": cells, "full_data": full, "warmup_acc": warm_accs,
             "n_train": int(task.y_train.size), "n_test": int(task.y_test.size), "n_classes": task.n_classes}
@@ -186,20 +192,57 @@ def gain(cells: list[dict], arm: str) -> float:
 
 
 def table(cells: list[dict], arms: list[str], fractions: list[float]) -> str:
-    """Markdown table: acc mean±std, Δacc vs random (mean±std, wins), ΔF1, weighted TV, per arm and fraction."""
+    """Markdown table per arm and fraction: acc mean±std, Δacc vs random (mean±std, wins), ΔF1 vs random, Δacc vs
+    class_random, weighted TV to the pool's class mix, smallest kept class share / proportional share (counts)."""
     by = {(c["fraction"], c["arm"]): c for c in cells}
-    lines = ["| arm | " + " | ".join(f"f={f}: acc / Δacc (wins) / ΔF1 / TVw" for f in fractions) + " |",
+    head = "acc / Δacc (wins) / ΔF1 / Δacc vs cls / TVw / minsh"
+    lines = ["| arm | " + " | ".join(f"f={f}: {head}" for f in fractions) + " |",
              "|---|" + "---|" * len(fractions)]
-    for arm in arms:
+    for arm in (a for a in arms if (fractions[0], a) in by):  # phase-2 twins may be absent from phase 1
         parts = []
         for f in fractions:
             c = by[(f, arm)]
             da, d1 = c["diff_vs_random"]["acc"], c["diff_vs_random"]["f1"]
+            dc = c["diff_vs_class_random"]["acc"]
             parts.append(f"{100 * c['mean']['acc']:.1f}±{100 * c['std']['acc']:.1f} / {100 * da['mean']:+.2f}"
                          f"±{100 * da['std']:.2f} ({da['wins']}/{len(c['seeds'])}) / {100 * d1['mean']:+.2f}"
-                         f" / {c['mean']['tv_w']:.3f}")
+                         f" / {100 * dc['mean']:+.2f} / {c['mean']['tv_w']:.3f} / {c['mean']['min_share_u']:.2f}")
         lines.append(f"| {arm} | " + " | ".join(parts) + " |")
     return "\n".join(lines)
+
+
+def report(results: dict) -> str:
+    """Markdown report: per task the phase-2 arms' table, a cross-task summary (mean Δacc vs random over the
+    non-dev tasks, seeds won of all), and the full phase-1 ranking (Δacc per fraction, seeds won)."""
+    cfg, arms2 = results["config"], results["phase2_arms"]
+    fractions, dev = cfg["fractions"], cfg["dev"]
+    out = [f"# Linear-probe selection benchmark ({len(cfg['seeds'])} seeds, dev task {dev}, "
+           f"{results['seconds']['total']:.0f} s)", ""]
+    for name, res in results["tasks"].items():
+        out += [f"## {name}: n_train {res['n_train']}, n_test {res['n_test']}, {res['n_classes']} classes, "
+                f"full-data acc {100 * res['full_data']['acc']:.1f}, warm-up acc "
+                f"{100 * np.mean(res['warmup_acc']):.1f}, {results['seconds'][name]:.0f} s", "",
+                table(res["cells"], arms2, fractions), ""]
+    others = [t for t in results["tasks"] if t != dev]
+    out += [f"## Mean Δacc vs random over {', '.join(others)} (seeds won / all)", "",
+            "| arm | " + " | ".join(f"f={f}" for f in fractions) + " |", "|---|" + "---|" * len(fractions)]
+    for arm in arms2:
+        parts = []
+        for f in fractions:
+            picked = [c for t in others for c in results["tasks"][t]["cells"]
+                      if c["arm"] == arm and c["fraction"] == f]
+            d = [c["diff_vs_random"]["acc"] for c in picked]
+            parts.append(f"{100 * np.mean([x['mean'] for x in d]):+.2f} ({sum(x['wins'] for x in d)}/"
+                         f"{sum(len(c['seeds']) for c in picked)})")
+        out.append(f"| {arm} | " + " | ".join(parts) + " |")
+    by = {(c["fraction"], c["arm"]): c for c in results["tasks"][dev]["cells"]}
+    out += ["", f"## Phase-1 ranking on {dev}: Δacc vs random (seeds won), weighted TV at f={fractions[0]}", ""]
+    for row in results["ranking_dev"]:
+        a = row["arm"]
+        cells = " ".join(f"{100 * by[(f, a)]['diff_vs_random']['acc']['mean']:+6.2f}"
+                         f"({by[(f, a)]['diff_vs_random']['acc']['wins']})" for f in fractions)
+        out.append(f"    {a:<44} {cells}  TVw {by[(fractions[0], a)]['mean']['tv_w']:.3f}")
+    return "\n".join(out) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,13 +251,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "probe.json"))
     parser.add_argument("--dev", default="20ng", choices=probe_data.TASKS)
     parser.add_argument("--tasks", nargs="+", default=None, help="phase-2 tasks (default: all others)")
-    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (default 5, quick 2)")
+    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (default 8, quick 2)")
     parser.add_argument("--fractions", type=float, nargs="+", default=None)
-    parser.add_argument("--top", type=int, default=8, help="phase-1 arms carried to phase 2")
+    parser.add_argument("--top", type=int, default=None, help="phase-1 arms carried to phase 2 (8, quick 4)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for the one-off embedding pass")
+    parser.add_argument("--report", metavar="JSON", help="only rewrite the markdown report of an existing result")
     args = parser.parse_args(argv)
+    if args.report:
+        with open(args.report, encoding="utf-8") as handle:
+            text = report(json.load(handle))
+        with open(os.path.splitext(args.report)[0] + ".md", "w", encoding="utf-8") as handle:
+            handle.write(text)
+        return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    seeds = list(range(args.seeds or (2 if args.quick else 5)))
+    seeds = list(range(args.seeds or (2 if args.quick else 8)))
     fractions = args.fractions or ([0.1, 0.3] if args.quick else [0.1, 0.3, 0.5])
     others = args.tasks or (["ni"] if args.quick else [t for t in probe_data.TASKS if t != args.dev])
     start = time.perf_counter()
@@ -228,10 +278,12 @@ def main(argv: list[str] | None = None) -> int:
     results["seconds"][args.dev] = time.perf_counter() - t0
     dev_cells = results["tasks"][args.dev]["cells"]
     ranked = sorted((a for a in arms1 if a not in ("random",)), key=lambda a: -gain(dev_cells, a))
-    top = ranked[:args.top]
+    top = ranked[:args.top or (4 if args.quick else 8)]
+    results["config"]["top"] = len(top)
     twins = [f"{a}/nw" for a in top if not a.endswith("/nw") and parse_arm(a)[2] in WEIGHTED_RULES]
     twins += [a.removesuffix("/nw") for a in top if a.endswith("/nw")]
-    arms2 = list(dict.fromkeys(["random", *top, *twins, *REFERENCE_ARMS]))
+    refs = REFERENCE_ARMS[:3] if args.quick else REFERENCE_ARMS
+    arms2 = list(dict.fromkeys(["random", *top, *twins, *refs]))
     results["ranking_dev"] = [{"arm": a, "gain": gain(dev_cells, a)} for a in ranked]
     results["phase2_arms"] = arms2
     print(f"## {args.dev} (phase 1, {len(arms1)} arms, {results['seconds'][args.dev]:.0f} s); top by gain:")
@@ -246,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as handle:
         json.dump(results, handle, indent=1)
-    print(f"\nwrote {args.out} in {results['seconds']['total']:.0f} s")
+    with open(os.path.splitext(args.out)[0] + ".md", "w", encoding="utf-8") as handle:
+        handle.write(report(results))
+    print(f"\nwrote {args.out} (and .md) in {results['seconds']['total']:.0f} s")
     return 0
 
 

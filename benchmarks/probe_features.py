@@ -156,3 +156,18 @@ def quotas(sizes: np.ndarray, budget: int) -> np.ndarray:
     order = np.lexsort((np.arange(sizes.size), -(exact - base)))
     base[order[:rest]] += 1
     return np.minimum(base, sizes)
+
+
+def nested_quotas(cells: np.ndarray, y: np.ndarray, budget: int) -> np.ndarray:
+    """Quotas of (cluster, class) cells, nested: the budget is split over classes first, then each class's share
+    over its cells (so splitting clusters by class never starves a rare class). Returns `[n_cells]`."""
+    n_cells = int(cells.max()) + 1
+    sizes = np.bincount(cells, minlength=n_cells)
+    cell_class = np.zeros(n_cells, dtype=np.int64)
+    cell_class[cells] = y
+    classes, class_sizes = np.unique(y, return_counts=True)
+    out = np.zeros(n_cells, dtype=np.int64)
+    for c, q in zip(classes, quotas(class_sizes, budget)):
+        mine = np.flatnonzero((cell_class == c) & (sizes > 0))
+        out[mine] = quotas(sizes[mine], int(q))
+    return out

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .loss_tokens import IGNORE_INDEX
+
 
 def weighted_token_loss(
     logits: torch.Tensor,
@@ -20,7 +22,7 @@ def weighted_token_loss(
     *,
     shift: bool,
     num_items_in_batch: torch.Tensor | int | None = None,
-    ignore_index: int = -100,
+    ignore_index: int = IGNORE_INDEX,
 ) -> torch.Tensor:
     """Cross-entropy over tokens, each token weighted by its example's weight.
 
@@ -64,7 +66,7 @@ def weighted_token_loss(
 
 
 def weighted_example_loss(
-    logits: torch.Tensor, labels: torch.Tensor, example_weights: torch.Tensor, *, ignore_index: int = -100
+    logits: torch.Tensor, labels: torch.Tensor, example_weights: torch.Tensor, *, ignore_index: int = IGNORE_INDEX
 ) -> torch.Tensor:
     """Weighted mean over examples of sequence-classification cross-entropy: `Σ_i w_i CE_i / n_labelled`.
 

@@ -173,20 +173,12 @@ def test_split_train_eval(small_problems):
 
 
 def test_multiple_choice_scores_match_naive(tokenizer, small_problems):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import tiny_assets
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
+    config = tiny_assets.llama_config(len(tokenizer), max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
+                                      eos_token_id=tokenizer.eos_token_id)
     model = LlamaForCausalLM(config)
     model.train()
     problems = small_problems.select(range(5))

@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+import tiny_assets
 import torch.nn.functional as F
 from transformers import (
     BertConfig,
@@ -24,10 +25,7 @@ VOCAB, HIDDEN, PAD = 64, 32, 0
 
 
 def llama_config(**kwargs) -> LlamaConfig:
-    return LlamaConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=64, tie_word_embeddings=False, **kwargs,
-    )  # fmt: skip
+    return tiny_assets.llama_config(VOCAB, **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -53,14 +53,13 @@ def chat_tokenizer():
 
 @pytest.fixture(scope="module")
 def _chat_lm_base(chat_tokenizer):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import tiny_assets
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(chat_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
-        pad_token_id=chat_tokenizer.pad_token_id, eos_token_id=chat_tokenizer.eos_token_id,
-        bos_token_id=chat_tokenizer.bos_token_id, tie_word_embeddings=False,
+    return LlamaForCausalLM(tiny_assets.llama_config(
+        len(chat_tokenizer), max_position_embeddings=128, pad_token_id=chat_tokenizer.pad_token_id,
+        eos_token_id=chat_tokenizer.eos_token_id, bos_token_id=chat_tokenizer.bos_token_id,
     ))
 
 
@@ -411,13 +410,13 @@ def test_dataset_and_setting_errors_before_model_loading(tmp_path, chat_tokenize
 
 
 def test_loss_tokens_context_rejected_for_classifiers(tmp_path, tokenizer):
-    from transformers import LlamaConfig, LlamaForSequenceClassification, Trainer, TrainingArguments
+    import tiny_assets
+    from transformers import LlamaForSequenceClassification, Trainer, TrainingArguments
 
     from hf_cluster_select import ClusterTrainer
 
-    model = LlamaForSequenceClassification(LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=4, pad_token_id=tokenizer.pad_token_id, num_labels=2,
+    model = LlamaForSequenceClassification(tiny_assets.llama_config(
+        len(tokenizer), num_hidden_layers=1, pad_token_id=tokenizer.pad_token_id, num_labels=2,
     ))
     data = Dataset.from_dict({"input_ids": [[4, 5, 6]] * 16, "labels": [0, 1] * 8})
     trainer = ClusterTrainer(

@@ -227,7 +227,7 @@ def test_bad_plans_fail_before_training(tmp_path, tiny_lm, lm_dataset, collator,
 
 def test_dataset_without_len_is_rejected(tmp_path, tiny_lm, lm_dataset, collator):
     stream = lm_dataset.to_iterable_dataset()
-    with pytest.raises(ValueError, match="__len__"):  # at construction (reliability: test_reliability.py)
+    with pytest.raises(ValueError, match="__len__"):  # at construction (reliability: test_validation.py)
         ClusterTrainer(model=tiny_lm, args=make_args(tmp_path, max_steps=5), train_dataset=stream,
                        data_collator=collator)
 
@@ -237,23 +237,110 @@ def test_bad_config_type(tmp_path, tiny_lm, lm_dataset, collator):
         ClusterTrainer(model=tiny_lm, args=make_args(tmp_path), train_dataset=lm_dataset, cluster_config={"a": 1})
 
 
-def test_plain_trainer_equivalence_at_full_fraction(tmp_path, lm_dataset, collator, _tiny_lm_base):
-    """With data_fraction=1 and no warm-up the losses are the stock Trainer's (weights are all 1)."""
+class FixedOrderSampler(torch.utils.data.Sampler):
+    """Yields a given list of dataset indices, once (the order a ClusterTrainer run trained on)."""
+
+    def __init__(self, order):
+        self.order = order
+
+    def __iter__(self):
+        return iter(self.order)
+
+    def __len__(self):
+        return len(self.order)
+
+
+class OrderedStockTrainer(Trainer):
+    """Stock `Trainer` fed one fixed index order, recording every training loss."""
+
+    order: list
+
+    def _get_train_sampler(self, train_dataset=None):
+        return FixedOrderSampler(self.order)
+
+
+def test_stock_trainer_equivalence_at_full_fraction(tmp_path, lm_dataset, collator, _tiny_lm_base):
+    """data_fraction=1.0 with a warm-up: the same batches fed to a stock Trainer with the same recipe give the same
+    loss at every step and the same final weights (the plan, LR schedule, loader and loss path add nothing)."""
     import copy
 
-    ours = build(tmp_path / "o", copy.deepcopy(_tiny_lm_base), lm_dataset, collator,
-                 config=ClusterSelectConfig(data_fraction=1.0, warmup_steps=0), num_train_epochs=1)
+    config = ClusterSelectConfig(data_fraction=1.0, warmup_steps=4, balance_tokens=False)
+    ours = build(tmp_path / "o", copy.deepcopy(_tiny_lm_base), lm_dataset, collator, config=config)
     ours.train()
-    assert np.all(ours.selection.weights == 1.0)
-    assert ours.state.global_step == 24
-    losses = [h["loss"] for h in ours.state.log_history if "loss" in h and "train_loss" not in h]
-    assert len(losses) == 24 and all(np.isfinite(losses))
-    stock = Trainer(model=copy.deepcopy(_tiny_lm_base), args=make_args(tmp_path / "s", num_train_epochs=1),
-                    train_dataset=lm_dataset, data_collator=collator)
-    batch = collator([lm_dataset[i] for i in range(4)])
-    batch_ours = dict(batch, **{INDEX_KEY: torch.arange(4)})
-    ours.model.eval()
-    stock.model = ours.model
-    assert ours.compute_loss(ours.model, batch_ours).item() == pytest.approx(
-        stock.compute_loss(ours.model, dict(batch)).item(), rel=1e-6
-    )
+    plan = ours.step_plan
+    assert plan.total_steps == 4 + 2 * 24 and ours.state.global_step == plan.total_steps
+    assert np.all(ours.selection.weights == 1.0) and ours.selection.n_kept == 96
+    batches = [ids for _, ids in ours.seen]
+    assert all(len(ids) == 4 for ids in batches)  # fixed-size batches, so a stock DataLoader rebuilds them exactly
+    assert sorted(i for ids in batches[4:28] for i in ids) == list(range(96))  # epoch 1 = every example once
+
+    stock = OrderedStockTrainer(model=copy.deepcopy(_tiny_lm_base), args=make_args(
+        tmp_path / "s", max_steps=plan.total_steps), train_dataset=lm_dataset, data_collator=collator)
+    stock.order = [i for ids in batches for i in ids]
+    stock.train()
+    ours_losses = [h["loss"] for h in ours.state.log_history if "loss" in h and "train_loss" not in h]
+    stock_losses = [h["loss"] for h in stock.state.log_history if "loss" in h and "train_loss" not in h]
+    assert len(ours_losses) == len(stock_losses) == plan.total_steps
+    assert ours_losses == pytest.approx(stock_losses, abs=1e-6)
+    for (name, p), (_, q) in zip(ours.model.named_parameters(), stock.model.named_parameters()):
+        assert torch.allclose(p, q, atol=1e-6), name
+
+
+def test_second_train_call_reselects(tmp_path, tiny_lm, lm_dataset, collator, monkeypatch):
+    """A second `train()` starts a new SelectionRun: it plans again, warms up and re-selects with the model as it is."""
+    from hf_cluster_select.features import FEATURES
+
+    calls = []
+    original = FEATURES.get("last_layer_grad")
+    monkeypatch.setitem(FEATURES._entries, "last_layer_grad", lambda *a, **k: (calls.append(1), original(*a, **k))[1])
+    trainer = build(tmp_path, tiny_lm, lm_dataset, collator)
+    trainer.train()
+    first_run, first_steps = trainer.selection_run, trainer.state.global_step
+    trainer.seen = []
+    trainer.train()
+    assert len(calls) == 2 and trainer.selection_run is not first_run
+    assert trainer.state.global_step == first_steps == trainer.step_plan.total_steps
+    assert len(trainer.seen) == first_steps  # batch 4, no accumulation: one micro-batch per step
+    assert {i for s, ids in trainer.seen if s >= 3 for i in ids} <= set(trainer.selection.indices.tolist())
+
+
+def test_subclassed_causal_lm_keeps_the_label_shift(tmp_path, tokenizer, lm_dataset, collator):
+    """A model class whose name transformers does not know (`class MyLM(LlamaForCausalLM)`) still gets the causal
+    shift in the weighted loss after selection (the defect: it was decided from the class name)."""
+    import tiny_assets
+    from transformers import LlamaForCausalLM
+
+    from hf_cluster_select.integrations.trainer import labels_are_shifted
+    from hf_cluster_select.weighting import weighted_token_loss
+
+    class MyLM(LlamaForCausalLM):
+        pass
+
+    torch.manual_seed(0)
+    model = MyLM(tiny_assets.llama_config(len(tokenizer), pad_token_id=tokenizer.pad_token_id))
+    assert labels_are_shifted(model)
+    trainer = build(tmp_path, model, lm_dataset, collator)
+    trainer.train()
+    kept = torch.as_tensor(trainer.selection.indices[:4])
+    weights = trainer.selection_run.loss_weights(kept)
+    assert weights is not None and not torch.all(weights == 1)
+    batch = collator([lm_dataset[int(i)] for i in kept])
+    trainer.model.eval()
+    ours = trainer.compute_loss(trainer.model, {**batch, INDEX_KEY: kept})
+    with torch.no_grad():
+        logits = trainer.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    shifted = weighted_token_loss(logits, batch["labels"], weights, shift=True)
+    unshifted = weighted_token_loss(logits, batch["labels"], weights, shift=False)
+    assert ours.item() == pytest.approx(shifted.item(), rel=1e-5)
+    assert abs(ours.item() - unshifted.item()) > 1e-3
+
+
+def test_classification_labels_are_not_shifted(tokenizer):
+    import tiny_assets
+    from transformers import LlamaForSequenceClassification
+
+    from hf_cluster_select.integrations.trainer import labels_are_shifted
+
+    model = LlamaForSequenceClassification(tiny_assets.llama_config(len(tokenizer), num_labels=2,
+                                                                    pad_token_id=tokenizer.pad_token_id))
+    assert not labels_are_shifted(model)

@@ -41,26 +41,25 @@ def build_tokenizer():
     )
 
 
+def llama_config(vocab_size: int, **overrides):
+    """The one tiny Llama shape of the test suite: hidden 32, 2 layers, 4 heads (4 KV heads), 64 positions, untied
+    embeddings; `overrides` change any field (token ids, `num_labels`, longer positions)."""
+    from transformers import LlamaConfig
+
+    values = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64, tie_word_embeddings=False)
+    values.update(overrides)
+    return LlamaConfig(**values)
+
+
 def build_model(tokenizer, seed: int = 0):
     """A 2-layer, hidden-32 Llama initialised from `torch.manual_seed(seed)` (identical in every process)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=64,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        tie_word_embeddings=False,
-    )
-    return LlamaForCausalLM(config)
+    return LlamaForCausalLM(llama_config(len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                                         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id))
 
 
 def build_dataset(tokenizer, n: int = 96, seed: int = 0):

@@ -7,7 +7,7 @@ An allocation answers every question that depends on it, in one place:
   depends on the clusters)?
 - `exact_clusters`: must unclusterable rows join a cluster instead of forming groups of their own?
 - `batches_per_rank(labels, world_size, per_device_batch_size)`: per-device batches each rank gets per epoch.
-- `plan(labels, lengths, ...)`: one epoch's per-device batches (positions), dealt by accelerate as batch k → rank k % W.
+- `plan(labels, lengths, ...)`: one epoch's per-device batches (positions); accelerate deals batch k to rank k % W.
 - `loss_weights(selection, all_labels, world_size)`: the loss weight of each kept example `[n_kept]`, mean about 1.
 
 Add one: a class with these members and `@ALLOCATIONS.register("name")`, and its name in `config.ALLOCATIONS`.

@@ -104,7 +104,8 @@ class ClusterBatchSampler(Sampler[list[int]]):
 
     def batches_per_epoch(self) -> int:
         """Per-device batches in one epoch's plan (all ranks together), a multiple of `world_size`; no iteration."""
-        return self.strategy.batches_per_rank(self.labels, self.world_size, self.per_device_batch_size) * self.world_size
+        per_rank = self.strategy.batches_per_rank(self.labels, self.world_size, self.per_device_batch_size)
+        return per_rank * self.world_size
 
     def __len__(self) -> int:
         """Per-device batches one iteration yields (all ranks together): `num_batches`, or one epoch's plan."""

@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
         tokenize_mathqa,
     )
     from hf_cluster_select.demo.smollm2 import ensure_smollm2
+    from hf_cluster_select.loss_tokens import IGNORE_INDEX
 
     if not torch.cuda.is_available():
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // int(os.environ.get("WORLD_SIZE", "1"))))
@@ -124,8 +125,8 @@ def main(argv: list[str] | None = None) -> dict:
     full_trainer = None
     if not args.skip_full:
         full_trainer, full = run_arm("full", Trainer, model_dir, train, eval_tokens, tokenizer, collate, args)
-        full.update(examples_trained=len(train) * args.epochs,
-                    tokens_trained=int(sum(sum(1 for x in row if x != -100) for row in train["labels"]) * args.epochs))
+        loss_tokens = sum(sum(1 for x in row if x != IGNORE_INDEX) for row in train["labels"])
+        full.update(examples_trained=len(train) * args.epochs, tokens_trained=int(loss_tokens * args.epochs))
         full.update(multiple_choice_accuracy(full_trainer.model, tokenizer, eval_problems, batch_size=args.batch_size))
         results["arms"]["full"] = full
         del full_trainer

@@ -20,12 +20,13 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from ..loss_tokens import IGNORE_INDEX
+
 logger = logging.getLogger(__name__)
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 MATHQA_FILE = os.path.join(DATA_DIR, "elementary_math_qa.question_with_mathematical_hint.json")
 SYSTEM_PROMPT = "Pick the correct option."  # short: the chat template adds ~10 tokens around it
-IGNORE_INDEX = -100
 
 
 def _clean_options(target_scores: dict[str, int]) -> tuple[list[str], int]:

@@ -117,7 +117,8 @@ class ClusterSelectMixin:
         dataset, collator = self._cs_training_view()  # hdbscan importable, collator works, some label bears a loss
         check_training_inputs(
             dataset, collator, self.cluster_config, label_names=self.label_names,
-            needs_labels=not (self.can_return_loss or self.compute_loss_func is not None), shift_labels=run.shift_labels,
+            needs_labels=not (self.can_return_loss or self.compute_loss_func is not None),
+            shift_labels=run.shift_labels,
         )
         return run.plan
 

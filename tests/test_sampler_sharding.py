@@ -32,13 +32,20 @@ def shards(sampler: ClusterBatchSampler, world_size: int) -> list[list[list[int]
 
 
 def test_literal_two_rank_split():
-    """Six examples, two ranks, batch 2: the exact ids each rank gets (plan order dealt round-robin)."""
+    """Six examples, one cluster, two ranks, batch 2, seed 0, fixed-size batches: the exact ids each rank gets.
+
+    Derivation (the documented rule, by hand): the epoch generator `default_rng([0, 0, 0])` permutes the positions
+    to [3, 2, 5, 4, 0, 1]; micro-steps hold W·B = 4 then 2 examples; each step is permuted again ([2, 4, 3, 5] and
+    [0, 1]) and dealt round-robin, so step 0 gives rank 0 positions [2, 3] and rank 1 [4, 5], step 1 gives [0] and
+    [1]; accelerate deals batch k to rank k % 2.
+    """
     sampler = ClusterBatchSampler(indices=[10, 11, 12, 13, 14, 15], labels=[0] * 6, lengths=[1] * 6, world_size=2,
                                   per_device_batch_size=2, seed=0, balance_tokens=False)
-    plan = [[10 + p for p in batch] for batch in sampler.plan(0)]
-    rank0, rank1 = shards(sampler, 2)
-    assert rank0 == plan[0::2] and rank1 == plan[1::2]
-    assert sorted(i for b in rank0 + rank1 for i in b) == [10, 11, 12, 13, 14, 15]
+    assert shards(sampler, 2) == [[[12, 13], [10]], [[14, 15], [11]]]
+    sampler.set_epoch(1)
+    epoch1 = shards(sampler, 2)
+    assert epoch1 != [[[12, 13], [10]], [[14, 15], [11]]]  # a new order each epoch
+    assert sorted(i for rank in epoch1 for batch in rank for i in batch) == [10, 11, 12, 13, 14, 15]
 
 
 @settings(max_examples=150, deadline=None)

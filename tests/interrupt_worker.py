@@ -1,8 +1,8 @@
 """A small ClusterTrainer run for the reliability tests, importable (in-process runs) and runnable as a script.
 
-    python tests/reliability_worker.py OUTPUT_DIR --pause-at PHASE --marker FILE   # pause for the parent to kill
-    python tests/reliability_worker.py OUTPUT_DIR --offline                        # whole pipeline, no network
-    python tests/reliability_worker.py OUTPUT_DIR --broken-hdbscan                 # hdbscan import fails
+    python tests/interrupt_worker.py OUTPUT_DIR --pause-at PHASE --marker FILE   # pause for the parent to kill
+    python tests/interrupt_worker.py OUTPUT_DIR --offline                        # whole pipeline, no network
+    python tests/interrupt_worker.py OUTPUT_DIR --broken-hdbscan                 # hdbscan import fails
 
 With `--pause-at`, the run writes FILE and sleeps when it reaches PHASE, so the parent can kill it there:
 `features` (second feature batch), `clustering` (inside `hdbscan.HDBSCAN.fit`), `training` (after optimizer step

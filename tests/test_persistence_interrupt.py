@@ -1,4 +1,4 @@
-"""Reliability (issue 5) with real processes (`tests/reliability_worker.py` run by this interpreter):
+"""Reliability (issue 5) with real processes (`tests/interrupt_worker.py` run by this interpreter):
 
 - a run killed (SIGKILL / SIGTERM) during feature extraction, clustering, post-selection training, or while its
   selection is being saved into a checkpoint leaves complete checkpoints and no half-written artefact, and
@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 
-import reliability_worker as worker
+import interrupt_worker as worker
 from hf_cluster_select.reporting.outputs import PLOT_FILENAME, REPORT_FILENAME
 from hf_cluster_select.persistence import SELECTION_FILENAME, checkpoint_problems, load_selection
 

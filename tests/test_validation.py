@@ -1,8 +1,8 @@
 """Reliability (issue 5), in-process: bad input fails before any model work with a clear message; degenerate features
 (NaN/inf, constant, duplicates, one example, fewer than min_cluster_size, no loss-bearing tokens) are handled by the
 documented policy; a broken hdbscan fails early with its fix; artefacts are written atomically and an incomplete
-checkpoint is never resumed from. Subprocess kills and offline runs: test_reliability_interrupt.py. Invariants over
-random inputs: test_reliability_properties.py."""
+checkpoint is never resumed from. Subprocess kills and offline runs: test_persistence_interrupt.py. Invariants over
+random inputs: test_properties.py."""
 
 from __future__ import annotations
 
@@ -357,7 +357,7 @@ def test_tiny_datasets_train(tmp_path, tiny_lm, lm_dataset, collator, n, batch, 
     assert trainer.state.global_step == trainer.step_plan.total_steps == steps
 
 
-# ---- 4. optional dependency failure (in-process; the import itself: test_reliability_interrupt.py) ---------------
+# ---- 4. optional dependency failure (in-process; the import itself: test_persistence_interrupt.py) ---------------
 def test_broken_hdbscan_fails_at_plan_with_the_fix(tmp_path, tiny_lm, lm_dataset, collator, monkeypatch):
     monkeypatch.setitem(sys.modules, "hdbscan", None)  # `import hdbscan` now raises ImportError
     message = fails_before_model_work(build(tmp_path, tiny_lm, lm_dataset, collator), error=ImportError)
@@ -370,7 +370,7 @@ def test_broken_hdbscan_fails_at_plan_with_the_fix(tmp_path, tiny_lm, lm_dataset
     assert kmeans.plan().total_steps == 2 + 8  # 29 of 96 kept; the fallback plans (and trains: see the subprocess test)
 
 
-# ---- 3. atomic artefacts and checkpoint completeness (the kills themselves: test_reliability_interrupt.py) -------
+# ---- 3. atomic artefacts and checkpoint completeness (the kills themselves: test_persistence_interrupt.py) -------
 def _selection(n_kept=2):
     return Selection(indices=np.arange(n_kept), weights=np.full(n_kept, 4 / n_kept), labels=np.zeros(n_kept, int),
                      n_total=4)

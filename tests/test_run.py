@@ -1,0 +1,93 @@
+"""`SelectionRun` without a Trainer: plan, warm-up, weights, samplers, re-planning and resume identity (ms)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hf_cluster_select import ClusterSelectConfig, Selection, SelectionRun
+from hf_cluster_select.persistence import SavedSelection
+
+LENGTHS = [3 + (i % 5) for i in range(40)]
+
+
+def make_run(config=None, **overrides):
+    values = dict(lengths=LENGTHS, world_size=2, per_device_batch_size=2, gradient_accumulation_steps=1,
+                  num_train_epochs=2, max_steps=-1, lr_warmup_steps=3, shift_labels=True)
+    values.update(overrides)
+    return SelectionRun(config or ClusterSelectConfig(data_fraction=0.5), **values)
+
+
+def selection_of(indices, all_labels):
+    """The selection of `indices` with weights |C_c| / kept_c (cluster sizes from `all_labels` `[n]`)."""
+    indices, all_labels = np.asarray(indices, dtype=np.int64), np.asarray(all_labels, dtype=np.int64)
+    labels = all_labels[indices]
+    weights = np.array([(all_labels == c).sum() / (labels == c).sum() for c in labels], dtype=np.float64)
+    return Selection(indices=indices, weights=weights, labels=labels, n_total=all_labels.size)
+
+
+def test_plan_from_plain_values():
+    run = make_run()
+    plan = run.plan
+    assert (plan.n_examples, plan.n_kept, plan.warmup_steps) == (40, 20, 3)
+    assert plan.selected_batches_per_epoch == 5 and plan.selected_steps == 10 and plan.total_steps == 13
+    assert len(run.warmup_sampler) == 3 * 2  # warm-up steps × accumulation × world size
+    assert run.shift_labels and run.selection is None and run.loss_weights(torch.arange(4)) is None
+
+
+def test_warmup_ratio_and_config_override():
+    assert make_run(lr_warmup_steps=0.2).plan.warmup_steps == 3  # smallest w with w = ceil(0.2 · (w + 10))
+    assert make_run(ClusterSelectConfig(data_fraction=0.5, warmup_steps=0), lr_warmup_steps=5).plan.warmup_steps == 0
+    assert make_run(max_steps=20, lr_warmup_steps=0.1).plan.total_steps == 20
+
+
+def test_adopt_builds_weights_and_subset_sampler():
+    run = make_run()
+    kept = np.r_[np.arange(16), np.arange(30, 34)]  # 16 of cluster 0 (30 examples), 4 of cluster 1 (10)
+    labels = np.r_[np.zeros(30), np.ones(10)].astype(np.int64)
+    chosen = selection_of(kept, labels)
+    run.adopt(chosen, labels, labels)
+    dense = run.dense_loss_weights
+    assert dense.shape == (40,) and float(dense[20]) == 0.0
+    assert float(dense[kept].mean()) == pytest.approx(1.0)  # mean 1 over the kept set
+    assert run.loss_weights(torch.tensor([0, 30])).tolist() == pytest.approx([30 / 16 * 20 / 40, 10 / 4 * 20 / 40])
+    even = make_run()
+    even.adopt(selection_of(np.arange(0, 40, 2), labels), labels, labels)  # 15 of 30 and 5 of 10: weights 1
+    assert even.loss_weights(torch.tensor([0, 30])) is None  # every weight of the batch is 1: the stock loss
+    sampler = run.sampler_for(1)
+    assert sampler.epoch == 1 and len(sampler) == 10
+    assert sorted(i for batch in sampler for i in batch) == kept.tolist()
+    assert run.sampler_for(0) is run.warmup_sampler
+
+
+def test_adopt_refuses_another_budget_and_other_data():
+    run = make_run()
+    with pytest.raises(ValueError, match="kept 10 of 40 examples, but this run keeps 20 of 40"):
+        run.adopt(selection_of(np.arange(10), np.zeros(40)), np.zeros(40), np.zeros(40))
+    saved = SavedSelection(selection_of(np.arange(20), np.zeros(40)), np.zeros(40, dtype=np.int64),
+                           np.zeros(40, dtype=np.int64), {}, "not-this-data", {})
+    with pytest.raises(ValueError, match="fingerprint mismatch"):
+        run.adopt_saved(saved)
+    with pytest.raises(RuntimeError, match="no selection yet"):
+        run.sampler_for(1)
+
+
+def test_paper_allocation_replans_until_frozen():
+    config = ClusterSelectConfig.paper(data_fraction=0.5)
+    run = make_run(config)
+    assert run.selects_before_training and run.plan.warmup_steps == 0
+    labels = np.r_[np.zeros(28), np.ones(12)].astype(np.int64)
+    kept = np.r_[np.arange(14), np.arange(28, 34)]  # 14 of cluster 0, 6 of cluster 1
+    run.adopt(selection_of(kept, labels), labels, labels)
+    assert run.plan.selected_batches_per_epoch == 7  # ceil(largest kept cluster 14 / B 2)
+    assert run.dense_loss_weights[0].item() == pytest.approx(2 * 28 / 40)  # K·|C_k|/N
+    frozen = make_run(config)
+    frozen.freeze_plan()
+    with pytest.raises(ValueError, match="frozen step plan"):
+        frozen.adopt(selection_of(kept, labels), labels, labels)
+
+
+def test_paper_allocation_needs_two_ranks():
+    with pytest.raises(ValueError, match="at least 2 processes"):
+        make_run(ClusterSelectConfig.paper(), world_size=1)
