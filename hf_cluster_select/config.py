@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-FEATURES = ("last_layer_grad",)
+FEATURES = ("last_layer_grad", "badge", "hidden_mean")
 FEATURE_CONTEXTS = ("full", "loss_tokens")
 CLUSTER_METHODS = ("hdbscan", "kmeans")
 NOISE_POLICIES = ("assign", "own_cluster")

@@ -16,7 +16,7 @@ from . import distributed
 from ._types import Selection
 from .clock import PhaseClock
 from .config import ClusterSelectConfig
-from .features import FEATURES, RandomProjection
+from .features import FEATURES
 from .reporting.report import SelectionReport
 from .schedule import StepPlan
 from .selection import cluster_features, select_subset
@@ -38,15 +38,6 @@ class SelectionOutcome:
     labels: np.ndarray
     raw_labels: np.ndarray
     report: SelectionReport
-
-
-def _projection(model: torch.nn.Module, config: ClusterSelectConfig) -> RandomProjection | None:
-    if config.projection_dim is None:
-        return None
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is None or getattr(head, "weight", None) is None:
-        raise ValueError("`projection_dim` needs a model with output embeddings (a language-model head).")
-    return RandomProjection(head.weight.shape[1], config.projection_dim, seed=config.seed)
 
 
 def select_with_model(
@@ -83,7 +74,7 @@ def select_with_model(
     Returns:
         `SelectionOutcome`.
     Raises:
-        ValueError: if no example has a loss-bearing token, or `projection_dim` is set for a model without a head.
+        ValueError: if no example has a loss-bearing token.
     """
     n = plan.n_examples
     local = distributed.shard_indices(n, distributed.world_size(), distributed.rank())
@@ -95,12 +86,15 @@ def select_with_model(
         collator,
         batch_size=batch_size,
         lengths=[int(lengths[i]) for i in local],
-        projection=_projection(model, config),
+        projection_dim=config.projection_dim,
+        projection_seed=config.seed,
         show_progress=show_progress,
         shift_labels=shift_labels,
     )
     features = distributed.gather_rows(output.features, local, n)
     loss_tokens = distributed.gather_rows(output.loss_tokens.reshape(-1, 1), local, n).reshape(-1).numpy()
+    norms = distributed.gather_rows(output.norms.reshape(-1, 1), local, n).reshape(-1).numpy()
+    losses = distributed.gather_rows(output.losses.reshape(-1, 1), local, n).reshape(-1).numpy()
     check_loss_tokens(loss_tokens)
     clock.stop("features")
     clock.start("clustering")
@@ -108,7 +102,7 @@ def select_with_model(
     if distributed.rank() == 0:
         result = cluster_features(features.numpy(), config, world_size=plan.world_size, loss_tokens=loss_tokens,
                                   merge_unclusterable=merge_unclusterable)
-        chosen = select_subset(result, config)
+        chosen = select_subset(result, config, norms=norms, losses=losses)
         report = SelectionReport.from_results(
             result,
             chosen,

@@ -265,7 +265,7 @@ def test_random_projection():
 
 
 def test_pooled_position_falls_back_to_the_pooled_row():
-    from hf_cluster_select.features.last_layer_grad import _pooled_positions
+    from hf_cluster_select.features.head_pass import _pooled_positions
 
     head_out = torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(0))
     logits = head_out[[0, 1], [2, 4]]  # row 0 pooled somewhere other than the last position

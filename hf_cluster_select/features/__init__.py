@@ -1,14 +1,20 @@
 """Feature stage (layer L2): per-example learning-effect signals, one module per signal, plus random projection.
 
-A signal is a function `(model, dataset, indices, collate_fn, *, batch_size, lengths, projection, show_progress,
-shift_labels) -> FeatureOutput` registered in `FEATURES` under the name `ClusterSelectConfig.feature` takes.
+A signal is a function `(model, dataset, indices, collate_fn, *, batch_size, lengths, projection, projection_dim,
+projection_seed, normalize, show_progress, shift_labels) -> FeatureOutput` registered in `FEATURES` under the name
+`ClusterSelectConfig.feature` takes: `last_layer_grad` (CluSTER's `(p_y - 1)·h`), `badge` (BADGE's
+`(p - onehot(y)) ⊗ h`), `hidden_mean` (RDS+-style mean head input). All share one forward pass (`head_pass.py`).
 """
 
 from ..registry import Registry
 
 FEATURES: Registry = Registry("feature")
 
-from .last_layer_grad import FeatureOutput, last_layer_grad_features  # noqa: E402  (registers "last_layer_grad")
+from .head_pass import FeatureOutput, feature_pass  # noqa: E402
+from .last_layer_grad import last_layer_grad_features  # noqa: E402  (registers "last_layer_grad")
+from .badge import badge_features  # noqa: E402  (registers "badge")
+from .hidden_mean import hidden_mean_features  # noqa: E402  (registers "hidden_mean")
 from .projection import RandomProjection  # noqa: E402
 
-__all__ = ["FEATURES", "FeatureOutput", "RandomProjection", "last_layer_grad_features"]
+__all__ = ["FEATURES", "FeatureOutput", "RandomProjection", "badge_features", "feature_pass", "hidden_mean_features",
+           "last_layer_grad_features"]

@@ -21,6 +21,14 @@ from .quotas import cluster_quotas
 from .within_cluster import WITHIN_CLUSTER_RULES
 
 
+def _per_example(name: str, values: Any, n_total: int) -> np.ndarray:
+    """`values` as a finite float64 `[n_total]` array (non-finite entries become 0)."""
+    array = np.asarray(values, dtype=np.float64).reshape(-1)
+    if array.shape != (n_total,):
+        raise ValueError(f"`{name}` must have shape [{n_total}], got {tuple(array.shape)}.")
+    return np.nan_to_num(array, nan=0.0, posinf=0.0, neginf=0.0)
+
+
 def select_from_labels(
     labels: Any,
     reduced: Any = None,
@@ -30,6 +38,8 @@ def select_from_labels(
     quota: str = "proportional",
     seed: int = 42,
     deferred: Any = None,
+    norms: Any = None,
+    losses: Any = None,
 ) -> Selection:
     """Keep exactly `selection_budget(n, data_fraction)` examples, spread over clusters and weighted.
 
@@ -49,6 +59,9 @@ def select_from_labels(
             are selected as above with the same budget, clusters sized over them; when the budget reaches their
             count, all of them and the lowest-index deferred examples fill it, each weighted n / budget. When
             every example is deferred, none is.
+        norms (array-like of shape `[n_examples]`, *optional*): raw feature norms (the gradient-norm estimate),
+            passed to the within-cluster rule.
+        losses (array-like of shape `[n_examples]`, *optional*): warm-up losses, passed to the within-cluster rule.
     Returns:
         `Selection`: kept `indices` `[m]` (int64, sorted ascending), `weights` `[m]` (float64,
         `|C_c| / kept_c`, summing to n; when the budget is below the number of clusters, the clusters left out
@@ -87,6 +100,8 @@ def select_from_labels(
             raise ValueError(f"`reduced` must have shape [{n_total}, dim], got {tuple(points.shape)}.")
         if not np.isfinite(points).all():
             raise ValueError(f"`reduced` holds {int((~np.isfinite(points)).sum())} NaN/inf values.")
+    norms, losses = (None if v is None else _per_example(name, v, n_total) for name, v in (("norms", norms),
+                                                                                          ("losses", losses)))
     budget = selection_budget(n_total, data_fraction)
     eligible = np.arange(n_total)
     if deferred is not None:
@@ -108,7 +123,9 @@ def select_from_labels(
             continue
         members = eligible[labels[eligible] == cluster]
         rng = np.random.default_rng([int(seed) % 2**64, int(cluster) % 2**64])
-        positions, weights = rule(np.zeros((members.size, 0)) if points is None else points[members], int(keep), rng)
+        positions, weights = rule(np.zeros((members.size, 0)) if points is None else points[members], int(keep), rng,
+                                  norms=None if norms is None else norms[members],
+                                  losses=None if losses is None else losses[members])
         kept_parts.append(members[positions])
         weight_parts.append(np.asarray(weights, dtype=np.float64))
     indices = np.concatenate(kept_parts)
@@ -121,12 +138,15 @@ def select_from_labels(
     return Selection(indices=indices, weights=weights[order], labels=labels[indices], n_total=int(n_total))
 
 
-def select_subset(result: ClusteringResult, config: ClusterSelectConfig) -> Selection:
+def select_subset(result: ClusteringResult, config: ClusterSelectConfig, *, norms: Any = None,
+                  losses: Any = None) -> Selection:
     """Select from a clustering with the settings of `config` (`data_fraction`, `quota`, `within_cluster`, `seed`).
 
     Args:
         result (`ClusteringResult`): output of `clustering.cluster_features` (`labels` `[n]`, `reduced` `[n, d]`).
         config (`ClusterSelectConfig`): selection settings.
+        norms, losses (array-like of shape `[n_examples]`, *optional*): raw feature norms and warm-up losses
+            (`FeatureOutput.norms` / `.losses`), for the rules that use them.
     Examples without loss-bearing tokens (raw label `NO_LOSS_LABEL`) are `deferred`: kept only when the budget
     cannot be met without them.
 
@@ -143,4 +163,6 @@ def select_subset(result: ClusteringResult, config: ClusterSelectConfig) -> Sele
         quota=config.quota,
         seed=config.seed,
         deferred=np.asarray(result.raw_labels) == NO_LOSS_LABEL,
+        norms=norms,
+        losses=losses,
     )
