@@ -93,8 +93,8 @@ def select_with_model(
     )
     features = distributed.gather_rows(output.features, local, n)
     loss_tokens = distributed.gather_rows(output.loss_tokens.reshape(-1, 1), local, n).reshape(-1).numpy()
-    norms = distributed.gather_rows(output.norms.reshape(-1, 1), local, n).reshape(-1).numpy()
-    losses = distributed.gather_rows(output.losses.reshape(-1, 1), local, n).reshape(-1).numpy()
+    norms, losses = (None if v is None else distributed.gather_rows(v.reshape(-1, 1), local, n).reshape(-1).numpy()
+                     for v in (output.norms, output.losses))  # a custom signal may leave them out
     check_loss_tokens(loss_tokens)
     clock.stop("features")
     clock.start("clustering")
