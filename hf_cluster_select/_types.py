@@ -29,6 +29,9 @@ class ClusteringResult:
         fallback (`str` or `None`): why and how a degenerate result was repaired (e.g. all noise → one cluster),
             `None` when the clusterer's result was used as is.
         params (`dict`): the resolved parameters (min_cluster_size, min_samples, pca_dim, ...).
+        groups (`np.ndarray` of shape `[n_examples]`, int64, *optional*): duplicate groups — examples with identical
+            (L2-normalised, float32) features share an id; selection keeps at most one copy of a group while it can
+            (`select.select_from_labels`, `groups`).
     """
 
     labels: np.ndarray
@@ -38,6 +41,7 @@ class ClusteringResult:
     method: str
     fallback: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    groups: np.ndarray | None = None
 
     @property
     def n_noise(self) -> int:
@@ -61,8 +65,9 @@ class Selection:
 
     Attributes:
         indices (`np.ndarray` of shape `[n_kept]`, int64): kept dataset indices, sorted ascending, unique.
-        weights (`np.ndarray` of shape `[n_kept]`, float64): per-example weights `|C_c| / kept_c`; they sum to
-            `n_total` so that the weighted kept set stands for the full data.
+        weights (`np.ndarray` of shape `[n_kept]`, float64): per-example weights (`|C_c| / kept_c` for the uniform
+            rules; the within-cluster rule's otherwise); they sum to `n_total` so that the weighted kept set stands
+            for the full data.
         labels (`np.ndarray` of shape `[n_kept]`, int64): cluster of each kept example.
         n_total (`int`): number of examples selection chose from.
     """

@@ -8,11 +8,18 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import registry
+
 FEATURES = ("last_layer_grad", "badge", "hidden_mean")
 FEATURE_CONTEXTS = ("full", "loss_tokens")
 CLUSTER_METHODS = ("hdbscan", "kmeans")
 NOISE_POLICIES = ("assign", "own_cluster")
-WITHIN_CLUSTER = ("peripheral", "central", "random")
+WITHIN_CLUSTER = (
+    "peripheral", "central", "random",  # selection/within_cluster.py
+    "central_peripheral", "distance_stratified", "regime_aware", "kcenter", "kcenter_craig", "craig",
+    "facility_uniform", "kmeanspp",  # selection/coverage_rules.py
+    "drop_hard_random", "loss_stratified", "importance_norm", "importance_loss",  # selection/signal_rules.py
+)
 QUOTAS = ("proportional", "uniform")
 ALLOCATIONS = ("balanced", "paper")
 
@@ -158,16 +165,17 @@ class ClusterSelectConfig:
         if self.kmeans_size_cap is not None and not (float(self.kmeans_size_cap) >= 1.0):
             raise ValueError(f"`kmeans_size_cap` must be >= 1.0 or None, got {self.kmeans_size_cap}.")
         for name, allowed in (
-            ("feature", FEATURES),
+            ("feature", FEATURES + tuple(registry.FEATURES)),
             ("feature_context", FEATURE_CONTEXTS),
-            ("cluster_method", CLUSTER_METHODS),
+            ("cluster_method", CLUSTER_METHODS + tuple(registry.CLUSTERERS)),
             ("noise_policy", NOISE_POLICIES),
-            ("within_cluster", WITHIN_CLUSTER),
+            ("within_cluster", WITHIN_CLUSTER + tuple(registry.WITHIN_CLUSTER_RULES)),
             ("quota", QUOTAS),
-            ("allocation", ALLOCATIONS),
-        ):
+            ("allocation", ALLOCATIONS + tuple(registry.ALLOCATIONS)),
+        ):  # built-in names, and any a user registered (hf_cluster_select.registry)
             if getattr(self, name) not in allowed:
-                raise ValueError(f"`{name}` must be one of {list(allowed)}, got {getattr(self, name)!r}.")
+                choices = list(dict.fromkeys(allowed))
+                raise ValueError(f"`{name}` must be one of {choices}, got {getattr(self, name)!r}.")
         if self.allocation == "paper" and self.warmup_steps not in (None, 0):
             raise ValueError(
                 f"`allocation`='paper' selects before training (CluSTER; its batch count depends on the cluster sizes), "

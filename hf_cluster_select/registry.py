@@ -1,8 +1,18 @@
 """A name → strategy table (layer L0: imports nothing from the package).
 
-Each pipeline stage keeps one `Registry` of interchangeable strategies (feature signals, clusterers, within-cluster
-rules, allocations). Adding a strategy is one function or class and one `register` line; the names a user may pass
-in `ClusterSelectConfig` are the registry's keys (a test checks that the config's choices and the registries agree).
+Each pipeline stage has one `Registry` of interchangeable strategies, defined here (empty) so that
+`ClusterSelectConfig` can check a name against it: `FEATURES` (`feature`), `CLUSTERERS` (`cluster_method`),
+`WITHIN_CLUSTER_RULES` (`within_cluster`) and `ALLOCATIONS` (`allocation`). The stage modules register the built-in
+strategies (`features/`, `selection/`, `batching/`); a user registers their own the same way, before building the
+config:
+
+    from hf_cluster_select.registry import WITHIN_CLUSTER_RULES
+
+    @WITHIN_CLUSTER_RULES.register("first_k")
+    def first_k(points, keep, rng, norms=None, losses=None):
+        return np.arange(keep), np.full(keep, points.shape[0] / keep)
+
+    ClusterSelectConfig(within_cluster="first_k")
 """
 
 from __future__ import annotations
@@ -59,3 +69,9 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries)
+
+
+FEATURES: Registry = Registry("feature")
+CLUSTERERS: Registry = Registry("cluster_method")
+WITHIN_CLUSTER_RULES: Registry = Registry("within_cluster")
+ALLOCATIONS: Registry = Registry("allocation")

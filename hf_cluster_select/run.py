@@ -13,6 +13,7 @@ and its samplers into DataLoaders. It is tested in milliseconds without a Traine
 
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 import numpy as np
@@ -237,6 +238,7 @@ class SelectionRun:
         nothing before selection. Returns the path written, or `None`."""
         if self.selection is None:
             return None
+        os.makedirs(folder, exist_ok=True)
         return save_selection(
             folder, self.selection, labels=self.labels, raw_labels=self.raw_labels, config=self.config.to_dict(),
             fingerprint=self.fingerprint, extra={"report": self.report.to_dict() if self.report else None},

@@ -46,3 +46,38 @@ def test_every_rule_keeps_exactly_and_weights_sum_to_the_cluster(name):
     positions, weights = rule(points, 4, np.random.default_rng(1))
     assert len(set(positions.tolist())) == 4 and all(0 <= p < 11 for p in positions)
     assert (weights > 0).all() and weights.sum() == pytest.approx(11)
+
+
+def test_a_user_registered_rule_is_accepted_by_the_config():
+    from hf_cluster_select import ClusterSelectConfig
+    from hf_cluster_select.registry import WITHIN_CLUSTER_RULES as shared
+
+    assert shared is WITHIN_CLUSTER_RULES  # one registry, importable without the stage modules
+
+    @shared.register("first_k_for_test")
+    def first_k(points, keep, rng, norms=None, losses=None):
+        return np.arange(keep), np.full(keep, points.shape[0] / keep)
+
+    try:
+        config = ClusterSelectConfig(within_cluster="first_k_for_test", data_fraction=0.5)
+        from hf_cluster_select.selection import cluster_features, select_subset
+
+        features = np.r_[np.random.default_rng(0).normal(size=(10, 4)), 5 + np.random.default_rng(1).normal(size=(10, 4))]
+        chosen = select_subset(cluster_features(features, ClusterSelectConfig(cluster_method="kmeans")), config)
+        assert chosen.n_kept == 10 and chosen.weights.sum() == pytest.approx(20)
+    finally:
+        del shared._entries["first_k_for_test"]
+    with pytest.raises(ValueError, match="`within_cluster` must be one of"):
+        ClusterSelectConfig(within_cluster="first_k_for_test")
+
+
+@pytest.mark.parametrize("positions, weights, message", [
+    (np.zeros(2, dtype=np.int64), np.full(2, 2.0), "unique positions"),
+    (np.array([0, 9]), np.full(2, 2.0), r"unique positions in \[0, 4\)"),
+    (np.array([0, 1]), np.ones(2), "summing to the cluster size 4"),
+    (np.array([0, 1]), np.array([4.0, 0.0]), "finite positive weights"),
+])
+def test_a_faulty_rule_is_refused(monkeypatch, positions, weights, message):
+    monkeypatch.setitem(WITHIN_CLUSTER_RULES._entries, "faulty", lambda *a, **k: (positions, weights))
+    with pytest.raises(ValueError, match=message):
+        select_from_labels([0, 0, 0, 0, 1, 1, 1, 1], np.zeros((8, 1)), data_fraction=0.5, within_cluster="faulty")

@@ -207,3 +207,34 @@ def test_weights_sum_to_n_when_budget_below_cluster_count():
     assert chosen.labels.tolist() == [0, 1]
     assert chosen.weights.tolist() == [5 * 11 / 8, 3 * 11 / 8]
     assert chosen.weights.sum() == 11.0
+
+
+def test_a_repeated_row_takes_one_slot_and_keeps_its_weight():
+    """A row repeated 15 times among 60 distinct rows: clustering merges the copies into one group, selection keeps
+    at most one copy, and that copy's weight counts the 15 (issue: it used to take 4 of 23 slots)."""
+    from hf_cluster_select import ClusterSelectConfig
+    from hf_cluster_select.selection import cluster_features
+
+    rng = np.random.default_rng(0)
+    distinct = np.r_[rng.normal(size=(30, 8)), 4 + rng.normal(size=(30, 8))]
+    features = np.r_[distinct, np.repeat(distinct[:1] * 3.0, 15, axis=0)]  # copies of row 0's direction
+    result = cluster_features(features, ClusterSelectConfig(cluster_method="kmeans", kmeans_n_clusters=2))
+    copies = [0, *range(60, 75)]
+    assert np.unique(result.groups[copies]).size == 1 and np.unique(result.groups).size == 60
+    for rule in ("peripheral", "central", "random", "kcenter", "importance_norm"):
+        chosen = select_subset(result, ClusterSelectConfig(data_fraction=0.3, within_cluster=rule),
+                               norms=np.linalg.norm(features, axis=1))
+        kept = set(chosen.indices.tolist())
+        assert chosen.n_kept == 23 and len(kept & set(copies)) <= 1, rule
+        assert chosen.weights.sum() == pytest.approx(75)
+        if kept & set(copies):
+            mine = chosen.weights[chosen.indices.tolist().index(min(kept & set(copies)))]
+            assert mine > 8 * np.median(chosen.weights), rule
+
+
+def test_groups_are_ignored_when_fewer_than_the_budget():
+    groups = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    chosen = select_from_labels(np.zeros(8, dtype=int), within_cluster="random", data_fraction=0.5, groups=groups)
+    assert chosen.n_kept == 4 and chosen.weights.tolist() == [2.0] * 4
+    chosen = select_from_labels(np.zeros(8, dtype=int), within_cluster="random", data_fraction=0.25, groups=groups)
+    assert sorted(chosen.indices.tolist()) == [0, 4] and chosen.weights.tolist() == [4.0, 4.0]

@@ -344,3 +344,30 @@ def test_classification_labels_are_not_shifted(tokenizer):
     model = LlamaForSequenceClassification(tiny_assets.llama_config(len(tokenizer), num_labels=2,
                                                                     pad_token_id=tokenizer.pad_token_id))
     assert not labels_are_shifted(model)
+
+
+@pytest.mark.parametrize("overrides, extra, message", [
+    ({"label_smoothing_factor": 0.1}, {}, "label_smoothing_factor=0.1"),
+    ({}, {"compute_loss_func": lambda outputs, labels, num_items_in_batch=None: outputs.loss}, "compute_loss_func"),
+])
+def test_settings_that_would_drop_the_weights_are_refused(tmp_path, tiny_lm, lm_dataset, collator, overrides, extra,
+                                                          message):
+    trainer = ClusterTrainer(model=tiny_lm, args=make_args(tmp_path, **overrides), train_dataset=lm_dataset,
+                             data_collator=collator, cluster_config=ClusterSelectConfig(), **extra)
+    with pytest.raises(ValueError, match=message):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
+
+def test_regression_head_is_refused_before_training(tmp_path, tokenizer):
+    import tiny_assets
+    from datasets import Dataset
+    from transformers import LlamaForSequenceClassification
+
+    model = LlamaForSequenceClassification(tiny_assets.llama_config(len(tokenizer), num_labels=1,
+                                                                    pad_token_id=tokenizer.pad_token_id))
+    data = Dataset.from_dict({"input_ids": [[4, 5, 6]] * 16, "labels": [0.5, 1.5] * 8})
+    trainer = ClusterTrainer(model=model, args=make_args(tmp_path), train_dataset=data)
+    with pytest.raises(ValueError, match="regression or multi-label head"):
+        trainer.train()
+    assert trainer.state.global_step == 0

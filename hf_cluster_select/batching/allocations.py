@@ -21,12 +21,9 @@ import numpy as np
 
 from .._types import Selection
 from ..config import ClusterSelectConfig
-from ..registry import Registry
+from ..registry import ALLOCATIONS
 from .paper import check_paper_allocation, cluster_rank_weights, plan_epoch_paper
 from .plan import batches_per_rank, plan_epoch
-
-ALLOCATIONS: Registry = Registry("allocation")
-
 
 @ALLOCATIONS.register("balanced")
 class BalancedAllocation:

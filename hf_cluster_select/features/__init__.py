@@ -6,9 +6,7 @@ projection_seed, normalize, show_progress, shift_labels) -> FeatureOutput` regis
 `(p - onehot(y)) ⊗ h`), `hidden_mean` (RDS+-style mean head input). All share one forward pass (`head_pass.py`).
 """
 
-from ..registry import Registry
-
-FEATURES: Registry = Registry("feature")
+from ..registry import FEATURES
 
 from .head_pass import FeatureOutput, feature_pass  # noqa: E402
 from .last_layer_grad import last_layer_grad_features  # noqa: E402  (registers "last_layer_grad")

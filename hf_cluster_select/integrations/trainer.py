@@ -103,6 +103,7 @@ class ClusterSelectMixin:
         """
         check_train_dataset(self.train_dataset)  # None, dict of splits, streaming, empty
         args, shift = self.args, labels_are_shifted(self.accelerator.unwrap_model(self.model))
+        self._cs_check_loss_path(shift)
         if self.cluster_config.feature_context == "loss_tokens" and not shift:
             raise ValueError(
                 "`feature_context='loss_tokens'` applies to causal language models (labels aligned with "
@@ -121,6 +122,31 @@ class ClusterSelectMixin:
             shift_labels=run.shift_labels,
         )
         return run.plan
+
+    def _cs_check_loss_path(self, shift: bool) -> None:
+        """Refuse settings under which the per-example loss weights would be silently dropped or the features
+        undefined (label smoothing, `compute_loss_func`, regression or multi-label heads), before any model work."""
+        weighted = self.cluster_config.data_fraction < 1.0
+        if weighted and self.label_smoother is not None:
+            raise ValueError(
+                f"`label_smoothing_factor={self.args.label_smoothing_factor}` is not supported with selection: the "
+                "label smoother computes its own loss, so the selected examples' loss weights would be ignored. Set "
+                "it to 0, or use data_fraction=1.0."
+            )
+        if weighted and self.compute_loss_func is not None:
+            raise ValueError(
+                "`compute_loss_func` is not supported with selection: the selected examples' loss weights could not "
+                "be applied. Subclass ClusterTrainer and override `compute_loss` instead."
+            )
+        config = getattr(self.accelerator.unwrap_model(self.model), "config", None)
+        problem = getattr(config, "problem_type", None)
+        single_output = problem is None and getattr(config, "num_labels", 2) == 1  # transformers: regression
+        if not shift and (problem in ("regression", "multi_label_classification") or single_output):
+            raise ValueError(
+                f"{type(self.model).__name__} is a regression or multi-label head (num_labels="
+                f"{getattr(config, 'num_labels', None)}, problem_type={problem!r}); selection supports token-level "
+                "language modelling and single-label classification (class-id labels)."
+            )
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None, **kwargs: Any):
         """`Trainer.train` with selection: validates and plans first; an allocation that selects before training

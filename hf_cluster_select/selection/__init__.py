@@ -4,7 +4,8 @@
   (`hdbscan_clusterer`, `kmeans_clusterer`).
 - `budget.selection_budget`: the exact number of examples a `data_fraction` keeps.
 - `quotas.cluster_quotas`: the budget split over clusters.
-- `within_cluster.WITHIN_CLUSTER_RULES`: which members of a cluster are kept, and their weights.
+- `within_cluster.WITHIN_CLUSTER_RULES`: which members of a cluster are kept, and their weights (the rules in
+  `within_cluster.py`, `coverage_rules.py`, `signal_rules.py`).
 - `select.select_from_labels` / `select.select_subset`: all of the above for one clustering.
 """
 
@@ -14,6 +15,7 @@ from .clusterers import CLUSTERERS, ClusterFit
 from .quotas import cluster_quotas
 from .select import select_from_labels, select_subset
 from .within_cluster import WITHIN_CLUSTER_RULES
+from . import coverage_rules, signal_rules  # noqa: E402,F401  (register their rules)
 
 __all__ = [
     "CLUSTERERS",

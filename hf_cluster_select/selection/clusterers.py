@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..registry import Registry
+from ..registry import CLUSTERERS
 
 
 @dataclass(frozen=True)
@@ -38,4 +38,4 @@ class ClusterFit:
     params: dict[str, Any] = field(default_factory=dict)
 
 
-CLUSTERERS: Registry = Registry("cluster_method")
+__all__ = ["CLUSTERERS", "ClusterFit"]

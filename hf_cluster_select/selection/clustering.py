@@ -128,10 +128,11 @@ def cluster_features(
     status = _screen_rows(x, loss_tokens)
     usable = np.flatnonzero(status == 0)
     if usable.size:
-        labels_u, raw_u, reduced_u, fallback, params = _cluster_rows(_l2_normalise(x[usable]), config,
-                                                                     int(world_size))
+        labels_u, raw_u, reduced_u, groups_u, fallback, params = _cluster_rows(_l2_normalise(x[usable]), config,
+                                                                               int(world_size))
     else:
         labels_u, raw_u, reduced_u = (np.zeros(0, dtype=np.int64),) * 2 + (np.zeros((0, 1)),)
+        groups_u = np.zeros(0, dtype=np.int64)
         fallback, params = "no example has finite features and loss-bearing tokens", {"pca_dim": None, "n_unique": 0}
     labels, raw_labels, reduced, notes = _place_unclustered(status, usable, labels_u, raw_u, reduced_u,
                                                             merge_unclusterable)
@@ -140,6 +141,10 @@ def cluster_features(
     params["n_nonfinite_features"] = int((status == NONFINITE_LABEL).sum())
     params["n_no_loss_tokens"] = int((status == NO_LOSS_LABEL).sum())
     params["seconds"] = time.perf_counter() - start
+    groups = np.empty(status.size, dtype=np.int64)  # duplicate groups; a screened-out row is a group of its own
+    groups[usable] = groups_u
+    screened = np.flatnonzero(status != 0)
+    groups[screened] = (groups_u.max() + 1 if groups_u.size else 0) + np.arange(screened.size)
     return ClusteringResult(
         labels=labels,
         raw_labels=raw_labels,
@@ -148,6 +153,7 @@ def cluster_features(
         method=config.cluster_method,
         fallback=fallback,
         params=params,
+        groups=groups,
     )
 
 
@@ -178,11 +184,12 @@ def _place_unclustered(
 
 def _cluster_rows(
     x: np.ndarray, config: ClusterSelectConfig, world_size: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, str | None, dict[str, Any]]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, str | None, dict[str, Any]]:
     """Cluster L2-normalised finite rows `x` `[n, dim]`.
 
     Returns:
-        (labels `[n]` in 0..K-1, raw labels `[n]`, reduced float64 `[n, d]`, fallback note or `None`, params).
+        (labels `[n]` in 0..K-1, raw labels `[n]`, reduced float64 `[n, d]`, distinct-row id `[n]`, fallback note or
+        `None`, params).
     """
     # Merge rows equal to float32 precision: exact duplicates make HDBSCAN's lambdas infinite.
     unique_rows, inverse, counts = np.unique(x.astype(np.float32), axis=0, return_inverse=True, return_counts=True)
@@ -197,4 +204,4 @@ def _cluster_rows(
     if raw_labels is None:
         raw_labels = labels.copy()
     params.update(extra)
-    return labels, raw_labels.astype(np.int64), reduced[inverse], fallback, params
+    return labels, raw_labels.astype(np.int64), reduced[inverse], inverse.astype(np.int64), fallback, params

@@ -29,6 +29,37 @@ def _per_example(name: str, values: Any, n_total: int) -> np.ndarray:
     return np.nan_to_num(array, nan=0.0, posinf=0.0, neginf=0.0)
 
 
+def _units(eligible: np.ndarray, groups: Any, budget: int, n_total: int) -> tuple[np.ndarray, np.ndarray]:
+    """The examples selection chooses among and how many examples each stands for: with `groups`, the first
+    (lowest-index) eligible copy of every duplicate group, counting its copies, as long as there are at least
+    `budget` groups; otherwise every eligible example once."""
+    if groups is None:
+        return eligible, np.ones(eligible.size, dtype=np.int64)
+    groups = np.asarray(groups).reshape(-1)
+    if groups.shape != (n_total,):
+        raise ValueError(f"`groups` must have shape [{n_total}], got {tuple(groups.shape)}.")
+    _, first, counts = np.unique(groups[eligible], return_index=True, return_counts=True)
+    if first.size < budget:
+        return eligible, np.ones(eligible.size, dtype=np.int64)
+    order = np.argsort(first)
+    return eligible[first[order]], counts[order].astype(np.int64)
+
+
+def _checked(positions: Any, weights: Any, n_members: int, keep: int, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """A rule's output, checked against the contract of `within_cluster.py`."""
+    positions = np.asarray(positions).reshape(-1)
+    weights = np.asarray(weights, dtype=np.float64).reshape(-1)
+    if (positions.shape != (keep,) or not np.issubdtype(positions.dtype, np.integer)
+            or np.unique(positions).size != keep or positions.min() < 0 or positions.max() >= n_members):
+        raise ValueError(f"within-cluster rule {name!r} must return {keep} unique positions in [0, {n_members}), "
+                         f"got {positions.tolist()[:10]}{'...' if positions.size > 10 else ''}.")
+    if weights.shape != (keep,) or not np.isfinite(weights).all() or (weights <= 0).any() or not np.isclose(
+            weights.sum(), n_members, rtol=1e-6):
+        raise ValueError(f"within-cluster rule {name!r} must return {keep} finite positive weights summing to the "
+                         f"cluster size {n_members}, got sum {weights.sum():.6g}.")
+    return positions.astype(np.int64), weights
+
+
 def select_from_labels(
     labels: Any,
     reduced: Any = None,
@@ -40,6 +71,7 @@ def select_from_labels(
     deferred: Any = None,
     norms: Any = None,
     losses: Any = None,
+    groups: Any = None,
 ) -> Selection:
     """Keep exactly `selection_budget(n, data_fraction)` examples, spread over clusters and weighted.
 
@@ -62,6 +94,10 @@ def select_from_labels(
         norms (array-like of shape `[n_examples]`, *optional*): raw feature norms (the gradient-norm estimate),
             passed to the within-cluster rule.
         losses (array-like of shape `[n_examples]`, *optional*): warm-up losses, passed to the within-cluster rule.
+        groups (array-like of shape `[n_examples]`, int, *optional*): duplicate groups (`ClusteringResult.groups`).
+            Each group is one candidate (its lowest-index copy) that stands for all its copies: quotas count groups,
+            and a kept copy's weight is multiplied by its group's size, so a row repeated 15 times takes one slot
+            and keeps its share of the weight. Ignored when there are fewer groups than the budget.
     Returns:
         `Selection`: kept `indices` `[m]` (int64, sorted ascending), `weights` `[m]` (float64,
         `|C_c| / kept_c`, summing to n; when the budget is below the number of clusters, the clusters left out
@@ -115,19 +151,24 @@ def select_from_labels(
         indices = np.sort(np.concatenate([eligible, fill])).astype(np.int64)
         weights = np.full(budget, n_total / budget, dtype=np.float64)
         return Selection(indices=indices, weights=weights, labels=labels[indices], n_total=int(n_total))
-    clusters, sizes = np.unique(labels[eligible], return_counts=True)
-    quotas = cluster_quotas(sizes, budget, quota)
+    units, copies = _units(eligible, groups, budget, n_total)
+    clusters, unit_sizes = np.unique(labels[units], return_counts=True)
+    sizes = np.bincount(np.searchsorted(clusters, labels[units]), weights=copies).astype(np.int64)  # examples
+    quotas = cluster_quotas(unit_sizes, budget, quota)
     kept_parts, weight_parts = [], []
     for cluster, size, keep in zip(clusters, sizes, quotas):
         if keep == 0:
             continue
-        members = eligible[labels[eligible] == cluster]
+        in_cluster = labels[units] == cluster
+        members, counts = units[in_cluster], copies[in_cluster]
         rng = np.random.default_rng([int(seed) % 2**64, int(cluster) % 2**64])
         positions, weights = rule(np.zeros((members.size, 0)) if points is None else points[members], int(keep), rng,
                                   norms=None if norms is None else norms[members],
                                   losses=None if losses is None else losses[members])
+        positions, weights = _checked(positions, weights, members.size, int(keep), within_cluster)
+        weights = weights * counts[positions]  # a kept copy stands for its duplicates too
         kept_parts.append(members[positions])
-        weight_parts.append(np.asarray(weights, dtype=np.float64))
+        weight_parts.append(weights * (size / weights.sum()))
     indices = np.concatenate(kept_parts)
     weights = np.concatenate(weight_parts)
     covered = int(sizes[quotas > 0].sum())
@@ -165,4 +206,5 @@ def select_subset(result: ClusteringResult, config: ClusterSelectConfig, *, norm
         deferred=np.asarray(result.raw_labels) == NO_LOSS_LABEL,
         norms=norms,
         losses=losses,
+        groups=result.groups,
     )

@@ -17,10 +17,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..registry import Registry
+from ..registry import WITHIN_CLUSTER_RULES
 
 WithinClusterRule = Callable[..., tuple[np.ndarray, np.ndarray]]
-WITHIN_CLUSTER_RULES: Registry[WithinClusterRule] = Registry("within_cluster")
 
 
 def _uniform(positions: np.ndarray, n_members: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,69 @@
+"""Within-cluster rules driven by the learning signal: warm-up loss and gradient norm (layer L2).
+
+Same contract as `within_cluster.py`. Sources: dropping the hardest examples, coverage over difficulty (CCS,
+Zheng et al., ICLR 2023); importance sampling with inverse-probability weights, which keeps the weighted gradient
+unbiased while lowering its variance (Alain et al. 2015; Katharopoulos & Fleuret, ICML 2018). `norms` are the raw
+feature norms (`FeatureOutput.norms`, the gradient-norm estimate), `losses` the warm-up losses
+(`FeatureOutput.losses`); without them each rule falls back as its docstring says.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .coverage_rules import distance_stratified
+from .within_cluster import WITHIN_CLUSTER_RULES, _uniform, random
+
+DROP_HARDEST = 0.05  # share of a cluster dropped as the hardest (likely mislabeled) examples
+IMPORTANCE_MIX = 0.5  # sampling probability: this share uniform, the rest in proportion to the score
+
+
+@WITHIN_CLUSTER_RULES.register("drop_hard_random")
+def drop_hard_random(points, keep, rng, norms=None, losses=None, drop: float = DROP_HARDEST):
+    """CCS-like: drop the hardest `drop` share by warm-up loss (never below `keep` left), then random."""
+    n_c = points.shape[0]
+    if losses is None:
+        return random(points, keep, rng)
+    n_drop = min(int(np.ceil(drop * n_c)), n_c - keep)
+    order = np.lexsort((rng.random(n_c), -np.asarray(losses, dtype=np.float64)))
+    pool = order[n_drop:]
+    return _uniform(rng.choice(pool, size=keep, replace=False), n_c)
+
+
+@WITHIN_CLUSTER_RULES.register("loss_stratified")
+def loss_stratified(points, keep, rng, norms=None, losses=None, drop: float = DROP_HARDEST):
+    """CCS (Zheng et al. 2023)-like: drop the hardest `drop` share, then one random member per equal-size loss
+    stratum, weighted by stratum size (the dropped members' weight is spread over the strata)."""
+    n_c = points.shape[0]
+    if losses is None:
+        return distance_stratified(points, keep, rng)
+    n_drop = min(int(np.ceil(drop * n_c)), n_c - keep)
+    order = np.lexsort((rng.random(n_c), np.asarray(losses, dtype=np.float64)))[: n_c - n_drop]
+    strata = np.array_split(order, keep)
+    positions = np.array([s[rng.integers(s.size)] for s in strata], dtype=np.int64)
+    weights = np.array([s.size for s in strata], dtype=np.float64)
+    return positions, weights * (n_c / weights.sum())
+
+
+def _importance(points, keep, rng, score, mix: float = IMPORTANCE_MIX):
+    """Sample `keep` members without replacement, p ∝ mix/n + (1 − mix)·score/Σscore; weights 1/(keep·p)
+    renormalised to sum to n_c (Katharopoulos & Fleuret 2018)."""
+    n_c = points.shape[0]
+    score = np.maximum(np.asarray(score, dtype=np.float64), 0.0)
+    p = np.full(n_c, 1.0 / n_c) if score.sum() <= 0 else mix / n_c + (1.0 - mix) * score / score.sum()
+    p = p / p.sum()
+    positions = rng.choice(n_c, size=keep, replace=False, p=p)
+    weights = 1.0 / (keep * p[positions])
+    return positions.astype(np.int64), weights * (n_c / weights.sum())
+
+
+@WITHIN_CLUSTER_RULES.register("importance_norm")
+def importance_norm(points, keep, rng, norms=None, losses=None):
+    """Importance sampling by gradient norm with inverse-probability weights."""
+    return _importance(points, keep, rng, np.ones(points.shape[0]) if norms is None else norms)
+
+
+@WITHIN_CLUSTER_RULES.register("importance_loss")
+def importance_loss(points, keep, rng, norms=None, losses=None):
+    """Importance sampling by warm-up loss with inverse-probability weights."""
+    return _importance(points, keep, rng, np.ones(points.shape[0]) if losses is None else losses)
