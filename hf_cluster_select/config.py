@@ -12,12 +12,12 @@ from . import registry
 
 FEATURES = ("last_layer_grad", "badge", "hidden_mean")
 FEATURE_CONTEXTS = ("full", "loss_tokens")
-CLUSTER_METHODS = ("hdbscan", "kmeans")
+CLUSTER_METHODS = ("hdbscan", "kmeans", "fine_kmeans")
 NOISE_POLICIES = ("assign", "own_cluster")
 WITHIN_CLUSTER = (
     "peripheral", "central", "random",  # selection/within_cluster.py
     "central_peripheral", "distance_stratified", "regime_aware", "kcenter", "kcenter_craig", "craig",
-    "facility_uniform", "kmeanspp",  # selection/coverage_rules.py
+    "facility_location", "kmeanspp",  # selection/coverage_rules.py
     "drop_hard_random", "loss_stratified", "importance_norm", "importance_loss",  # selection/signal_rules.py
 )
 QUOTAS = ("proportional", "uniform")
@@ -55,8 +55,13 @@ class ClusterSelectConfig:
         },
     )
     feature: str = field(
-        default="last_layer_grad",
-        metadata={"help": "Per-example learning-effect signal.", "choices": _choices(FEATURES)},
+        default="badge",
+        metadata={
+            "help": "Per-example learning-effect signal: 'badge' = the whole last-layer gradient (p - onehot(y)) ⊗ h "
+            "(BADGE; class axis projected for large vocabularies); 'last_layer_grad' = its target row (p_y - 1)·h "
+            "(CluSTER); 'hidden_mean' = the mean head input (RDS+).",
+            "choices": _choices(FEATURES),
+        },
     )
     feature_context: str = field(
         default="full",
@@ -75,8 +80,16 @@ class ClusterSelectConfig:
         metadata={"help": "Examples per forward pass during feature extraction; None = per-device eval batch size."},
     )
     cluster_method: str = field(
-        default="hdbscan",
-        metadata={"help": "Clustering algorithm.", "choices": _choices(CLUSTER_METHODS)},
+        default="fine_kmeans",
+        metadata={
+            "help": "Clustering: 'fine_kmeans' = KMeans with K = budget / kept_per_cluster fine strata; 'hdbscan' = "
+            "HDBSCAN's natural clusters (noise assigned); 'kmeans' = K = kmeans_n_clusters (CluSTER's mode).",
+            "choices": _choices(CLUSTER_METHODS),
+        },
+    )
+    kept_per_cluster: int = field(
+        default=4,
+        metadata={"help": "cluster_method='fine_kmeans': examples the budget keeps per cluster (K = budget / this)."},
     )
     hdbscan_min_cluster_size: int | None = field(
         default=None,
@@ -106,10 +119,14 @@ class ClusterSelectConfig:
         metadata={"help": "Cap on KMeans cluster sizes as a multiple of n/K (CluSTER: 1.5); None = no cap."},
     )
     within_cluster: str = field(
-        default="peripheral",
+        default="facility_location",
         metadata={
-            "help": "Which members represent a cluster: farthest from ('peripheral'), nearest to ('central') the "
-            "centroid, or 'random'.",
+            "help": "Which members represent a cluster, with what weights (selection/within_cluster.py, "
+            "coverage_rules.py, signal_rules.py): 'facility_location' = greedy medoids (CRAIG's objective), "
+            "uniform weights; 'craig' = the same with CRAIG weights; 'peripheral' / 'central' = farthest from / "
+            "nearest to the centroid (CluSTER keeps peripheral); 'random'; 'kcenter'; 'kmeanspp'; "
+            "'distance_stratified'; 'regime_aware'; 'drop_hard_random' / 'loss_stratified' (by warm-up loss); "
+            "'importance_norm' / 'importance_loss' (inverse-probability weights).",
             "choices": _choices(WITHIN_CLUSTER),
         },
     )
@@ -152,6 +169,7 @@ class ClusterSelectConfig:
             ("hdbscan_min_samples", 1),
             ("pca_dim", 1),
             ("kmeans_n_clusters", 2),
+            ("kept_per_cluster", 1),
         ):
             value = getattr(self, name)
             if value is None:
@@ -197,6 +215,7 @@ class ClusterSelectConfig:
             `ClusterSelectConfig` with the preset applied.
         """
         values: dict[str, Any] = dict(
+            feature="last_layer_grad",
             warmup_steps=0,
             cluster_method="kmeans",
             kmeans_size_cap=1.5,

@@ -38,7 +38,8 @@ def build_trainer(output_dir: str, config=None, eval_dataset=False, **arg_overri
     every 2 steps. Records `(global_step, example indices)` of every trained micro-batch in `trainer.seen`."""
     from transformers import DataCollatorForSeq2Seq, TrainingArguments
 
-    from hf_cluster_select import ClusterSelectConfig, ClusterTrainer
+    from hf_cluster_select import ClusterTrainer
+    from tiny_assets import hdbscan_config
     from hf_cluster_select.data import INDEX_KEY
 
     class RecordingTrainer(ClusterTrainer):
@@ -63,7 +64,7 @@ def build_trainer(output_dir: str, config=None, eval_dataset=False, **arg_overri
         eval_dataset=build_dataset(tokenizer, n=16, seed=1) if eval_dataset else None,
         data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100),
         processing_class=tokenizer,
-        cluster_config=config or ClusterSelectConfig(data_fraction=0.5, hdbscan_min_cluster_size=5,
+        cluster_config=config or hdbscan_config(data_fraction=0.5, hdbscan_min_cluster_size=5,
                                                      feature_batch_size=16),
     )
     trainer.seen = []
@@ -178,7 +179,7 @@ def run_broken_hdbscan(output_dir: str) -> dict:
     """With a broken `hdbscan` first on sys.path: the package imports, the default run fails before any model work
     with a fix-it message, and the kmeans fallback trains."""
     import hf_cluster_select
-    from hf_cluster_select import ClusterSelectConfig
+    from tiny_assets import hdbscan_config
 
     out: dict = {"package": hf_cluster_select.__version__}
     trainer = build_trainer(output_dir, save_strategy="no")
@@ -191,7 +192,7 @@ def run_broken_hdbscan(output_dir: str) -> dict:
     out["unchanged"] = all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
     out["global_step_after_error"] = trainer.state.global_step
     fallback = build_trainer(output_dir, save_strategy="no", max_steps=6,
-                             config=ClusterSelectConfig(data_fraction=0.5, cluster_method="kmeans"))
+                             config=hdbscan_config(data_fraction=0.5, cluster_method="kmeans"))
     out["kmeans_global_step"] = fallback.train().global_step
     out["kmeans_n_kept"] = fallback.selection.n_kept
     out["hdbscan_module"] = repr(sys.modules.get("hdbscan"))

@@ -127,7 +127,8 @@ def test_select_subset_uses_config():
     )
     chosen = select_subset(result, ClusterSelectConfig(data_fraction=0.5, within_cluster="central"))
     assert chosen.indices.tolist() == [1, 2, 5, 6]
-    assert select_subset(result, ClusterSelectConfig(data_fraction=0.5)).indices.tolist() == [0, 3, 4, 7]
+    peripheral = ClusterSelectConfig(data_fraction=0.5, within_cluster="peripheral")
+    assert select_subset(result, peripheral).indices.tolist() == [0, 3, 4, 7]
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import os
 import random
 
 import pytest
+from tiny_assets import hdbscan_config
 import torch
 from datasets import Dataset, DatasetDict, disable_progress_bars
 from trl import SFTConfig, SFTTrainer
@@ -137,7 +138,7 @@ def build(tmp_path, model, tokenizer, fmt, *, peft=False, config=None, cls=Recor
     trainer = cls(
         model=model, args=sft_args(tmp_path, **extra), train_dataset=make_dataset(fmt, rows or pairs()),
         processing_class=tokenizer, peft_config=lora_config() if peft else None,
-        cluster_config=config or ClusterSelectConfig(data_fraction=0.5, hdbscan_min_cluster_size=4),
+        cluster_config=config or hdbscan_config(data_fraction=0.5, hdbscan_min_cluster_size=4),
     )
     trainer.seen = []
     return trainer
@@ -230,7 +231,7 @@ def test_loss_tokens_context_ignores_prompts(tmp_path, chat_lm, chat_tokenizer, 
     features = {}
     for context in ("loss_tokens", "full"):
         calls = spy_features(monkeypatch)
-        config = ClusterSelectConfig(data_fraction=0.5, hdbscan_min_cluster_size=4, feature_context=context,
+        config = hdbscan_config(data_fraction=0.5, hdbscan_min_cluster_size=4, feature_context=context,
                                      warmup_steps=0)
         trainer = build(tmp_path / context, copy.deepcopy(chat_lm), chat_tokenizer, fmt, rows=rows, config=config)
         trainer.plan()
@@ -248,7 +249,7 @@ def test_full_context_feature_pools_loss_tokens_only(tmp_path, chat_lm, chat_tok
     """Default features: mean over completion positions of (p_y - 1)·h on the whole sequence, L2-normalised."""
     calls = spy_features(monkeypatch)
     trainer = build(tmp_path, chat_lm, chat_tokenizer, "prompt_completion",
-                    config=ClusterSelectConfig(data_fraction=0.5, hdbscan_min_cluster_size=4, warmup_steps=0))
+                    config=hdbscan_config(data_fraction=0.5, hdbscan_min_cluster_size=4, warmup_steps=0))
     trainer.plan()
     trainer.run_selection()
     features = calls[0][3].features
@@ -285,7 +286,7 @@ def test_lora_features_come_from_adapted_model(tmp_path, chat_lm, chat_tokenizer
         return output
 
     monkeypatch.setitem(FEATURES._entries, "last_layer_grad", spy)
-    config = ClusterSelectConfig(data_fraction=0.5, hdbscan_min_cluster_size=4, warmup_steps=1)
+    config = hdbscan_config(data_fraction=0.5, hdbscan_min_cluster_size=4, warmup_steps=1)
     trainer = build(tmp_path, chat_lm, chat_tokenizer, "prompt_completion", peft=True, config=config, warmup_steps=0)
     trainer.train()
     (model, output, base), = seen
@@ -303,7 +304,7 @@ def test_weighted_loss_on_trl_fused_path(tmp_path, chat_lm, chat_tokenizer, monk
         return original(self, model, *args, **kwargs)
 
     monkeypatch.setattr(SFTTrainer, "compute_loss", spy)
-    config = ClusterSelectConfig(data_fraction=0.5, hdbscan_min_cluster_size=4, quota="uniform")
+    config = hdbscan_config(data_fraction=0.5, hdbscan_min_cluster_size=4, quota="uniform")
     trainer = build(tmp_path, chat_lm, chat_tokenizer, "prompt_completion", config=config)
     trainer.train()
     assert "ExampleWeightedForward" in calls  # the weighted path still runs TRL's compute_loss
@@ -334,7 +335,7 @@ def test_sft_hooks_are_called(tmp_path, chat_lm, chat_tokenizer, monkeypatch):
             return _original(self, *a, **k)
 
         monkeypatch.setattr(ClusterSFTTrainer, name, spy)
-    config = ClusterSelectConfig(data_fraction=0.5, hdbscan_min_cluster_size=4, quota="uniform")
+    config = hdbscan_config(data_fraction=0.5, hdbscan_min_cluster_size=4, quota="uniform")
     trainer = build(tmp_path, chat_lm, chat_tokenizer, "prompt_completion", config=config, cls=ClusterSFTTrainer,
                     save_strategy="steps", save_steps=3)
     trainer.train()
@@ -421,7 +422,7 @@ def test_loss_tokens_context_rejected_for_classifiers(tmp_path, tokenizer):
     data = Dataset.from_dict({"input_ids": [[4, 5, 6]] * 16, "labels": [0, 1] * 8})
     trainer = ClusterTrainer(
         model=model, args=TrainingArguments(output_dir=str(tmp_path / "o"), use_cpu=True, report_to=[]),
-        train_dataset=data, cluster_config=ClusterSelectConfig(feature_context="loss_tokens"),
+        train_dataset=data, cluster_config=hdbscan_config(feature_context="loss_tokens"),
     )
     assert isinstance(trainer, Trainer)
     with pytest.raises(ValueError, match="feature_context='loss_tokens'"):

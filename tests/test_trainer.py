@@ -291,8 +291,9 @@ def test_second_train_call_reselects(tmp_path, tiny_lm, lm_dataset, collator, mo
     from hf_cluster_select.features import FEATURES
 
     calls = []
-    original = FEATURES.get("last_layer_grad")
-    monkeypatch.setitem(FEATURES._entries, "last_layer_grad", lambda *a, **k: (calls.append(1), original(*a, **k))[1])
+    name = ClusterSelectConfig().feature
+    original = FEATURES.get(name)
+    monkeypatch.setitem(FEATURES._entries, name, lambda *a, **k: (calls.append(1), original(*a, **k))[1])
     trainer = build(tmp_path, tiny_lm, lm_dataset, collator)
     trainer.train()
     first_run, first_steps = trainer.selection_run, trainer.state.global_step

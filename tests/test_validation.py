@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import pytest
+from tiny_assets import hdbscan_config
 import torch
 from sklearn.metrics import adjusted_rand_score
 from transformers import DataCollatorWithPadding, TrainingArguments
@@ -45,7 +46,7 @@ def make_args(tmp_path, **overrides):
 def build(tmp_path, model, dataset, collator, config=None, **overrides):
     return ClusterTrainer(
         model=model, args=make_args(tmp_path, **overrides), train_dataset=dataset, data_collator=collator,
-        cluster_config=config or ClusterSelectConfig(data_fraction=0.5, hdbscan_min_cluster_size=5),
+        cluster_config=config or hdbscan_config(data_fraction=0.5, hdbscan_min_cluster_size=5),
     )
 
 
@@ -99,16 +100,16 @@ def test_dataset_dict_is_rejected(tmp_path, tiny_lm, lm_dataset, collator):
 @pytest.mark.parametrize("fraction", [0, 0.0, -0.1, 1.5, float("nan")])
 def test_data_fraction_out_of_range(tmp_path, tiny_lm, lm_dataset, collator, fraction):
     with pytest.raises(ValueError) as info:
-        ClusterSelectConfig(data_fraction=fraction)
+        hdbscan_config(data_fraction=fraction)
     assert str(info.value) == f"`data_fraction` must be in (0, 1], got {float(fraction)}."
-    config = ClusterSelectConfig()
+    config = hdbscan_config()
     config.data_fraction = fraction  # changed after validation: plan() still refuses it
     message = fails_before_model_work(build(tmp_path, tiny_lm, lm_dataset, collator, config=config))
     assert message == f"`data_fraction` must be in (0, 1], got {fraction!r}."
 
 
 def test_subset_smaller_than_one_global_batch(tmp_path, tiny_lm, lm_dataset, collator):
-    trainer = build(tmp_path, tiny_lm, lm_dataset, collator, config=ClusterSelectConfig(data_fraction=0.3),
+    trainer = build(tmp_path, tiny_lm, lm_dataset, collator, config=hdbscan_config(data_fraction=0.3),
                     per_device_train_batch_size=8, gradient_accumulation_steps=4)
     assert fails_before_model_work(trainer) == (
         "the selected subset would hold 29 examples, fewer than one global batch of 32 (world_size 1 × "
@@ -130,7 +131,7 @@ def test_dataset_smaller_than_one_global_batch(tmp_path, tiny_lm, lm_dataset, co
 
 def test_warmup_not_below_planned_steps(tmp_path, tiny_lm, lm_dataset, collator):
     # 96 examples, batch 4: 24 full-data steps per epoch
-    trainer = build(tmp_path, tiny_lm, lm_dataset, collator, config=ClusterSelectConfig(data_fraction=0.5,
+    trainer = build(tmp_path, tiny_lm, lm_dataset, collator, config=hdbscan_config(data_fraction=0.5,
                                                                                        warmup_steps=24))
     assert fails_before_model_work(trainer) == (
         "`warmup_steps` (24) must be smaller than the 24 steps the run would take on the full data (1 epochs); "
@@ -232,7 +233,7 @@ def test_nonfinite_rows_form_their_own_group(method):
     features[[3, 25]] = np.nan
     features[47, 2] = np.inf
     features[50, 0] = -np.inf
-    config = ClusterSelectConfig(cluster_method=method, kmeans_n_clusters=3, data_fraction=0.5)
+    config = hdbscan_config(cluster_method=method, kmeans_n_clusters=3, data_fraction=0.5)
     result = cluster_features(features, config)
     bad = [3, 25, 47, 50]
     assert result.n_clusters == 4 and result.n_nonfinite == 4 and result.params["n_nonfinite_features"] == 4
@@ -262,10 +263,10 @@ def test_nonfinite_rows_join_the_smallest_cluster_when_merged():
 
 
 def test_every_row_nonfinite():
-    result = cluster_features(np.full((5, 3), np.nan), ClusterSelectConfig())
+    result = cluster_features(np.full((5, 3), np.nan), hdbscan_config())
     assert result.n_clusters == 1 and result.labels.tolist() == [0] * 5 and result.n_nonfinite == 5
     assert result.fallback.startswith("no example has finite features and loss-bearing tokens; 5 examples")
-    chosen = select_subset(result, ClusterSelectConfig(data_fraction=0.4))
+    chosen = select_subset(result, hdbscan_config(data_fraction=0.4))
     assert chosen.indices.tolist() == [0, 1] and chosen.weights.tolist() == [2.5, 2.5]
 
 
@@ -274,20 +275,20 @@ def test_no_loss_examples_are_kept_out_and_selected_last():
     tokens = np.full(60, 5)
     tokens[[0, 1, 2, 30]] = 0
     features[[0, 1, 2, 30]] = 0.0  # what feature extraction gives them
-    result = cluster_features(features, ClusterSelectConfig(), loss_tokens=tokens)
+    result = cluster_features(features, hdbscan_config(), loss_tokens=tokens)
     assert result.n_no_loss == 4 and result.n_clusters == 4 and (result.labels[[0, 1, 2, 30]] == 3).all()
-    chosen = select_subset(result, ClusterSelectConfig(data_fraction=0.5))
+    chosen = select_subset(result, hdbscan_config(data_fraction=0.5))
     assert chosen.n_kept == 30 and not {0, 1, 2, 30} & set(chosen.indices.tolist())
     assert chosen.weights.sum() == pytest.approx(60)
-    full = select_subset(result, ClusterSelectConfig(data_fraction=0.95))  # 57 > 56 eligible: 1 filler, by index
+    full = select_subset(result, hdbscan_config(data_fraction=0.95))  # 57 > 56 eligible: 1 filler, by index
     assert full.n_kept == 57 and set(range(60)) - set(full.indices.tolist()) == {1, 2, 30}
     assert np.allclose(full.weights, 60 / 57)
 
 
 def test_constant_features():
-    result = cluster_features(np.ones((20, 8)), ClusterSelectConfig())
+    result = cluster_features(np.ones((20, 8)), hdbscan_config())
     assert result.n_clusters == 1 and result.fallback == "all 20 examples have identical features: one cluster"
-    chosen = select_subset(result, ClusterSelectConfig(data_fraction=0.25))
+    chosen = select_subset(result, hdbscan_config(data_fraction=0.25))
     assert chosen.n_kept == 5 and chosen.weights.tolist() == [4.0] * 5
 
 
@@ -295,22 +296,22 @@ def test_duplicate_rows_form_piles():
     rng = np.random.default_rng(1)
     rows = rng.normal(size=(3, 5))
     features = np.repeat(rows, 10, axis=0)
-    result = cluster_features(features, ClusterSelectConfig(hdbscan_min_cluster_size=5))
+    result = cluster_features(features, hdbscan_config(hdbscan_min_cluster_size=5))
     assert result.n_clusters == 3 and result.params["n_piles"] == 3
     assert [len(set(result.labels[i * 10:(i + 1) * 10])) for i in range(3)] == [1, 1, 1]
     assert np.isfinite(result.reduced).all()
 
 
 def test_single_example():
-    result = cluster_features(np.array([[0.3, -1.0, 2.0]]), ClusterSelectConfig())
+    result = cluster_features(np.array([[0.3, -1.0, 2.0]]), hdbscan_config())
     assert result.n_clusters == 1 and result.labels.tolist() == [0]
-    chosen = select_subset(result, ClusterSelectConfig(data_fraction=0.1))
+    chosen = select_subset(result, hdbscan_config(data_fraction=0.1))
     assert chosen.indices.tolist() == [0] and chosen.weights.tolist() == [1.0]
 
 
 def test_fewer_examples_than_min_cluster_size():
     features, _ = blobs(sizes=(2, 2))
-    result = cluster_features(features, ClusterSelectConfig(hdbscan_min_cluster_size=10))
+    result = cluster_features(features, hdbscan_config(hdbscan_min_cluster_size=10))
     assert result.n_clusters == 1
     assert result.fallback == "4 distinct rows outside duplicate piles, fewer than min_cluster_size=10: one cluster"
 
@@ -346,8 +347,8 @@ def test_degenerate_features_through_the_trainer(tmp_path, tiny_lm, lm_dataset, 
 
 
 @pytest.mark.parametrize("n, batch, config, kept, steps", [
-    (1, 1, ClusterSelectConfig(data_fraction=1.0, warmup_steps=0), 1, 1),  # a single example
-    (6, 2, ClusterSelectConfig(data_fraction=0.5, warmup_steps=0, hdbscan_min_cluster_size=10), 3, 2),
+    (1, 1, hdbscan_config(data_fraction=1.0, warmup_steps=0), 1, 1),  # a single example
+    (6, 2, hdbscan_config(data_fraction=0.5, warmup_steps=0, hdbscan_min_cluster_size=10), 3, 2),
 ])
 def test_tiny_datasets_train(tmp_path, tiny_lm, lm_dataset, collator, n, batch, config, kept, steps):
     trainer = build(tmp_path, tiny_lm, lm_dataset.select(range(n)), collator, config=config,
@@ -366,7 +367,7 @@ def test_broken_hdbscan_fails_at_plan_with_the_fix(tmp_path, tiny_lm, lm_dataset
     for hint in ("`pip install hdbscan`", "`pip install --force-reinstall --no-cache-dir hdbscan`",
                  "ClusterSelectConfig(cluster_method='kmeans')"):
         assert hint in message
-    kmeans = build(tmp_path, tiny_lm, lm_dataset, collator, config=ClusterSelectConfig(cluster_method="kmeans"))
+    kmeans = build(tmp_path, tiny_lm, lm_dataset, collator, config=hdbscan_config(cluster_method="kmeans"))
     assert kmeans.plan().total_steps == 2 + 8  # 29 of 96 kept; the fallback plans (and trains: see the subprocess test)
 
 

@@ -76,3 +76,15 @@ def build_collator(tokenizer):
     from transformers import DataCollatorForSeq2Seq
 
     return DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100)
+
+
+# The v0.1 pipeline (CluSTER's target-row proxy, HDBSCAN, peripheral members) that the clustering, reliability and
+# TRL tests were written against; the defaults changed with the quality benchmark (README, "Selection quality").
+HDBSCAN_PIPELINE = dict(feature="last_layer_grad", cluster_method="hdbscan", within_cluster="peripheral")
+
+
+def hdbscan_config(**overrides):
+    """`ClusterSelectConfig` of the HDBSCAN pipeline (`HDBSCAN_PIPELINE`), with `overrides` on top."""
+    from hf_cluster_select import ClusterSelectConfig
+
+    return ClusterSelectConfig(**{**HDBSCAN_PIPELINE, **overrides})

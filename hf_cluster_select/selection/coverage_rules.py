@@ -124,9 +124,10 @@ def craig(points, keep, rng, norms=None, losses=None):
     return positions, _nearest_counts(points, positions)
 
 
-@WITHIN_CLUSTER_RULES.register("facility_uniform")
-def facility_uniform(points, keep, rng, norms=None, losses=None):
-    """Facility-location greedy medoids with uniform weights (CRAIG's selection without its weights)."""
+@WITHIN_CLUSTER_RULES.register("facility_location")
+def facility_location(points, keep, rng, norms=None, losses=None):
+    """Facility-location greedy medoids (Mirzasoleiman et al., ICML 2020) with uniform weights `n_c / keep`:
+    CRAIG's representatives without its weights (the default rule, chosen on `benchmarks/probe.py`)."""
     return _uniform(_facility_location(points, keep, rng), points.shape[0])
 
 

@@ -1,5 +1,10 @@
-"""KMeans with a cluster-size cap, CluSTER's clusterer (Kim et al., EMNLP 2026, Sec. 3), registered as
-`cluster_method="kmeans"` (layer L2: arrays in, labels out).
+"""KMeans clusterers (layer L2: arrays in, labels out).
+
+- `cluster_method="kmeans"`: KMeans with a cluster-size cap, CluSTER's clusterer (Kim et al., EMNLP 2026, Sec. 3).
+- `cluster_method="fine_kmeans"`: KMeans with as many clusters as the budget keeps `kept_per_cluster` examples from
+  (K = ceil(budget / kept_per_cluster)): fine strata for the quotas, so that every region of the feature space gets
+  its proportional share and the within-cluster rule picks a few representatives from each (stratified sampling
+  with coverage; the winner of the linear-probe benchmark, `benchmarks/probe.py`).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..config import ClusterSelectConfig
+from .budget import selection_budget
 from .clusterers import CLUSTERERS, ClusterFit
 
 
@@ -72,3 +78,23 @@ def fit_kmeans(
     """KMeans on the distinct rows weighted by their counts (see `clusterers.Clusterer`); no noise."""
     labels, fallback, params = _cluster_kmeans(reduced, counts, inverse, config, world_size)
     return ClusterFit(labels, None, fallback, params)
+
+
+@CLUSTERERS.register("fine_kmeans")
+def fit_fine_kmeans(
+    reduced: np.ndarray, counts: np.ndarray, inverse: np.ndarray, config: ClusterSelectConfig, world_size: int
+) -> ClusterFit:
+    """KMeans (k-means++ seeding, one init, seeded) with K = ceil(budget / `config.kept_per_cluster`) clusters,
+    clipped to the distinct rows, fitted on the distinct rows weighted by their counts; no noise."""
+    from sklearn.cluster import KMeans
+
+    n_total, n_unique = int(inverse.size), reduced.shape[0]
+    budget = selection_budget(n_total, config.data_fraction)
+    requested = max(1, math.ceil(budget / config.kept_per_cluster))
+    n_clusters = min(requested, n_unique)
+    params: dict[str, Any] = {"n_clusters_requested": requested, "kept_per_cluster": config.kept_per_cluster}
+    if n_clusters == 1:
+        return ClusterFit(np.zeros(n_total, dtype=np.int64), None, None, params)
+    kmeans = KMeans(n_clusters=n_clusters, n_init=1, random_state=config.seed)
+    kmeans.fit(reduced, sample_weight=counts.astype(np.float64))
+    return ClusterFit(np.asarray(kmeans.labels_, dtype=np.int64)[inverse], None, None, params)

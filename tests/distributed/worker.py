@@ -47,12 +47,13 @@ from hf_cluster_select.data import INDEX_KEY  # noqa: E402
 FEATURE_CALLS: list[list[int]] = []  # the dataset indices this process computed features for, per call
 
 
-_FEATURES = FEATURES.get("last_layer_grad")
+def _recording(signal):
+    """`signal`, recording the dataset indices it computes features for."""
+    def features(model, dataset, indices, *args, **kwargs):
+        FEATURE_CALLS.append([int(i) for i in indices])
+        return signal(model, dataset, indices, *args, **kwargs)
 
-
-def _recording_features(model, dataset, indices, *args, **kwargs):
-    FEATURE_CALLS.append([int(i) for i in indices])
-    return _FEATURES(model, dataset, indices, *args, **kwargs)
+    return features
 
 SCENARIOS = {
     "main": dict(
@@ -204,7 +205,8 @@ def run(scenario: str, out: str) -> None:
 
 def main(argv: list[str]) -> None:
     out, scenarios = argv[0], argv[1].split(",")
-    FEATURES._entries["last_layer_grad"] = _recording_features  # only in the worker process, never under pytest
+    for name in FEATURES.names():  # only in the worker process, never under pytest
+        FEATURES._entries[name] = _recording(FEATURES.get(name))
     for scenario in scenarios:
         run(scenario, out)
 
