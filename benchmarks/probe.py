@@ -4,7 +4,7 @@ Frozen all-MiniLM-L6-v2 embeddings (`probe_data.py`); the "model" is a multinomi
 (`probe_features.fit_probe`, one recipe for every arm). A short SGD warm-up on the full pool gives the learning-effect
 features (`badge`, the product's `target` slice, `hidden`), which are clustered like the product does (or by KMeans,
 finer KMeans, the class label, cluster × class cells, or not at all); an exact budget round(f·n) is split over the
-clusters in proportion to size and a within-cluster rule (`probe_rules.py`) picks and weights the kept members. Each
+clusters in proportion to size and a within-cluster rule (the package's `WITHIN_CLUSTER_RULES`) picks and weights the kept members. Each
 arm trains the probe on its subset with its weights; test accuracy and macro-F1 are compared with a random subset of
 the same size, paired by seed.
 
@@ -37,7 +37,17 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import probe_data  # noqa: E402
 import probe_features as pf  # noqa: E402
-from probe_rules import RULES, check_output  # noqa: E402
+from hf_cluster_select.selection import WITHIN_CLUSTER_RULES  # noqa: E402
+from hf_cluster_select.selection.select import _checked  # noqa: E402
+
+# the package's within-cluster rules; `facility_uniform` is the name results/probe.json uses for facility_location
+RULES = {name: WITHIN_CLUSTER_RULES.get(name) for name in WITHIN_CLUSTER_RULES.names()}
+RULES["facility_uniform"] = RULES.pop("facility_location")
+
+
+def check_output(positions, weights, n_c: int, keep: int) -> None:
+    """Raise if a rule broke the registry contract (see `hf_cluster_select.selection.select._checked`)."""
+    _checked(positions, weights, n_c, keep, "benchmark rule")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WEIGHTED_RULES = ("craig", "kcenter_craig", "kmeanspp", "distance_stratified", "loss_stratified",
@@ -63,10 +73,10 @@ def dev_arms(quick: bool) -> list[str]:
     rules = ("peripheral", "central", "craig", "distance_stratified", "importance_norm") if quick else tuple(RULES)
     arms = ["random", "class_random"]
     for feat in ("target", "badge"):
-        for clus in ("hdbscan", "kmeans", "kfine", "none"):
+        for clus in ("hdbscan", "kfine", "none") if quick else ("hdbscan", "kmeans", "kfine", "none"):
             arms += [f"{feat}/{clus}/{r}" for r in rules if not (clus == "none" and r == "random")]
     arms += [f"hidden/class/{r}" for r in rules if r != "random"]
-    arms += [f"target/{c}Xclass/{r}" for c in ("hdbscan", "kmeans")
+    arms += [f"target/{c}Xclass/{r}" for c in (("hdbscan",) if quick else ("hdbscan", "kmeans"))
              for r in ("random", "central", "craig", "distance_stratified")]
     for base in ("target/hdbscan", "badge/hdbscan", "target/none", "hidden/class"):
         arms += [f"{base}/{r}/nw" for r in rules if r in WEIGHTED_RULES]
