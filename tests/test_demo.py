@@ -15,13 +15,14 @@ def test_demo_quick_end_to_end(tmp_path):
     from hf_cluster_select.demo.__main__ import main
 
     results = main(["--quick", "--output-dir", str(tmp_path)])
-    full, ours = results["arms"]["full"], results["arms"]["cluster"]
+    full, rand, ours = results["arms"]["full"], results["arms"]["random"], results["arms"]["cluster"]
     n = results["n_train"]
     assert full["steps"] == math.ceil(n / 4)  # batch 4, 1 epoch, 1 process
     kept = math.floor(0.3 * n + 0.5)
     assert ours["selected_examples"] == kept
     assert ours["steps"] == 2 + math.ceil(kept / 4)  # 2 warm-up steps + one epoch over the kept set
-    for arm in (full, ours):
+    assert rand["selected_examples"] == kept and rand["steps"] == math.ceil(kept / 4)
+    for arm in (full, rand, ours):
         # accuracy scores all 16 quick held-out problems; the loss only those that fit 128 tokens (n_eval)
         assert math.isfinite(arm["eval_loss"]) and 0.0 <= arm["accuracy"] <= 1.0 and arm["n"] == 16
         assert 1 <= results["n_eval"] <= 16

@@ -1,11 +1,12 @@
-"""The README's main job: full data vs ClusterTrainer on SmolLM2-135M-Instruct and MathQA, side by side.
+"""The README's main job: full data vs a random subset vs ClusterTrainer on SmolLM2-135M-Instruct and MathQA.
 
     python -m hf_cluster_select.demo            # ~10-15 minutes on 2 CPU cores
     python -m hf_cluster_select.demo --quick    # ~2-minute smoke run
     torchrun --nproc_per_node=2 -m hf_cluster_select.demo --quick   # the same, data-parallel over 2 processes
 
-Both arms use the same model, data, held-out split and recipe (optimizer, LR schedule, batch, epochs); the only
-difference is `Trainer` vs `ClusterTrainer`. Printed: held-out loss, multiple-choice accuracy (5 options scored by
+All arms use the same model, data, held-out split and recipe (optimizer, LR schedule, batch, epochs): stock
+`Trainer` on all the data, stock `Trainer` on a seeded random subset of the size ClusterTrainer keeps (the baseline a
+selection has to beat), and `ClusterTrainer`. Printed: held-out loss, multiple-choice accuracy (5 options scored by
 likelihood), examples and tokens trained, wall seconds of each phase, and the seconds saved measured against the
 full-data arm. The ClusterTrainer's model card (README.md with the selection section) is written to
 `<output_dir>/cluster/`.
@@ -17,6 +18,7 @@ import argparse
 import functools
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -38,7 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--max-length", type=int, default=128, help="tokens per sequence (<= 128 keeps CPU cost low)")
     parser.add_argument("--output-dir", default="outputs/demo")
-    parser.add_argument("--skip-full", action="store_true", help="run only the ClusterTrainer arm")
+    parser.add_argument("--skip-full", action="store_true", help="skip the full-data arm")
+    parser.add_argument("--skip-random", action="store_true", help="skip the random-subset arm")
     parser.add_argument("--card-copy", default=None, help="also copy the model card to this file")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -105,6 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     from hf_cluster_select.demo.smollm2 import ensure_smollm2
     from hf_cluster_select.loss_tokens import IGNORE_INDEX
+    from hf_cluster_select.selection import selection_budget
 
     if not torch.cuda.is_available():
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // int(os.environ.get("WORLD_SIZE", "1"))))
@@ -130,6 +134,18 @@ def main(argv: list[str] | None = None) -> dict:
         full.update(multiple_choice_accuracy(full_trainer.model, tokenizer, eval_problems, batch_size=args.batch_size))
         results["arms"]["full"] = full
         del full_trainer
+
+    if not args.skip_random:  # the baseline a selection must beat: a seeded random subset of the same size
+        budget = selection_budget(len(train), args.data_fraction)
+        subset = train.select(sorted(random.Random(args.seed).sample(range(len(train)), budget)))
+        random_trainer, baseline = run_arm("random", Trainer, model_dir, subset, eval_tokens, tokenizer, collate, args)
+        loss_tokens = sum(sum(1 for x in row if x != IGNORE_INDEX) for row in subset["labels"])
+        baseline.update(examples_trained=budget * args.epochs, tokens_trained=int(loss_tokens * args.epochs),
+                        selected_examples=budget, selected_tokens=int(loss_tokens))
+        baseline.update(multiple_choice_accuracy(random_trainer.model, tokenizer, eval_problems,
+                                                 batch_size=args.batch_size))
+        results["arms"]["random"] = baseline
+        del random_trainer
 
     config = ClusterSelectConfig(data_fraction=args.data_fraction, seed=args.seed)
     cluster_trainer, ours = run_arm("cluster", ClusterTrainer, model_dir, train, eval_tokens, tokenizer, collate, args,
@@ -186,26 +202,30 @@ def _fmt(value, spec="{:.3f}") -> str:
 
 
 def format_table(results: dict) -> str:
-    """Side-by-side table of the arms (plain text)."""
-    full, ours = results["arms"].get("full", {}), results["arms"]["cluster"]
+    """Side-by-side table of the arms (plain text): full data, a random subset of the same size, ClusterTrainer."""
+    full, rand, ours = results["arms"].get("full", {}), results["arms"].get("random", {}), results["arms"]["cluster"]
+
+    def row(name, key, spec="{:.3f}", full_text=None):
+        return (name, full_text or _fmt(full.get(key), spec), _fmt(rand.get(key), spec), _fmt(ours.get(key), spec))
+
+    kept = lambda arm: f"{arm['selected_examples']:,} / {arm['selected_tokens']:,}" if arm else "—"  # noqa: E731
     rows = [
-        ("held-out loss", _fmt(full.get("eval_loss")), _fmt(ours.get("eval_loss"))),
-        ("MC accuracy (5 options)", _fmt(full.get("accuracy")), _fmt(ours.get("accuracy"))),
-        ("held-out problems (loss / MC)", f"{results['n_eval']} / {full.get('n', '—')}",
-         f"{results['n_eval']} / {ours.get('n', '—')}"),
-        ("optimizer steps", _fmt(full.get("steps"), "{:d}"), _fmt(ours.get("steps"), "{:d}")),
-        ("examples trained", _fmt(full.get("examples_trained"), "{:,.0f}"), _fmt(ours.get("examples_trained"), "{:,.0f}")),
-        ("selected examples / tokens", "all", f"{ours['selected_examples']:,} / {ours['selected_tokens']:,}"),
-        ("warm-up s", "—", _fmt(ours.get("warmup_seconds"), "{:.1f}")),
-        ("features s", "—", _fmt(ours.get("features_seconds"), "{:.1f}")),
-        ("clustering + selection s", "—", _fmt(ours.get("clustering_seconds"), "{:.1f}")),
-        ("training s (after selection)", "—", _fmt(ours.get("training_seconds"), "{:.1f}")),
-        ("train() wall s", _fmt(full.get("train_seconds"), "{:.1f}"), _fmt(ours.get("train_seconds"), "{:.1f}")),
+        row("held-out loss", "eval_loss"),
+        row("MC accuracy (5 options)", "accuracy"),
+        ("held-out problems (loss / MC)", *(f"{results['n_eval']} / {arm.get('n', '—')}" for arm in (full, rand, ours))),
+        row("optimizer steps", "steps", "{:d}"),
+        row("examples trained", "examples_trained", "{:,.0f}"),
+        ("selected examples / tokens", "all", kept(rand), kept(ours)),
+        ("warm-up s", "—", "—", _fmt(ours.get("warmup_seconds"), "{:.1f}")),
+        ("features s", "—", "—", _fmt(ours.get("features_seconds"), "{:.1f}")),
+        ("clustering + selection s", "—", "—", _fmt(ours.get("clustering_seconds"), "{:.1f}")),
+        ("training s (after selection)", "—", "—", _fmt(ours.get("training_seconds"), "{:.1f}")),
+        row("train() wall s", "train_seconds", "{:.1f}"),
     ]
     saved = ours.get("seconds_saved")
     basis = ours.get("full_data_seconds_basis") or ""
-    lines = [f"{'':32s}{'full data (Trainer)':>22s}{'ClusterTrainer':>18s}"]
-    lines += [f"{name:32s}{a:>22s}{b:>18s}" for name, a, b in rows]
+    lines = [f"{'':32s}{'full data (Trainer)':>21s}{'random subset':>15s}{'ClusterTrainer':>16s}"]
+    lines += [f"{name:32s}{a:>21s}{b:>15s}{c:>16s}" for name, a, b, c in rows]
     lines.append(f"seconds saved: {_fmt(saved, '{:.1f}')} ({_fmt((ours.get('fraction_saved') or 0) * 100, '{:.1f}')}%), "
                  f"full-data time {basis}; {ours['n_clusters']} clusters; world size {ours['world_size']}")
     return "\n".join(lines)
@@ -216,7 +236,7 @@ def _append_demo_section(card_path: str, results: dict) -> None:
     with open(card_path) as f:
         text = f.read()
     marker = "<!-- hf_cluster_select:demo -->"
-    text = text.split(marker)[0].rstrip() + "\n\n" + marker + "\n## Demo comparison (full data vs ClusterTrainer)\n\n"
+    text = text.split(marker)[0].rstrip() + "\n\n" + marker + "\n## Demo comparison (full data vs random subset vs ClusterTrainer)\n\n"
     text += f"Model {results['model']}, data {results['data']}: {results['n_train']} training problems, "
     text += f"{results['n_eval']} held-out problems for the loss (those that fit the token limit) and all "
     text += f"{results['arms']['cluster'].get('n', '?')} for multiple-choice accuracy; produced by "
