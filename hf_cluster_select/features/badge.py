@@ -11,13 +11,10 @@ Johnson–Lindenstrauss projection of the full gradient), so a causal LM's vocab
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
-
-import torch
+import torch  # noqa: F401  (signals run on tensors)
 
 from . import FEATURES
-from .head_pass import FeatureOutput, feature_pass
+from .head_pass import signal_features
 
 EXACT_MAX_CLASSES = 64
 PROJECTED_CLASSES = 8
@@ -52,15 +49,7 @@ class Badge:
         return (residual[:, :, None] * hidden[:, None, :]).reshape(hidden.shape[0], -1)
 
 
-@FEATURES.register("badge")
-def badge_features(
-    model: torch.nn.Module,
-    dataset: Any,
-    indices: Sequence[int],
-    collate_fn: Callable[[list[Any]], Mapping[str, Any]],
-    **kwargs: Any,
-) -> FeatureOutput:
-    """Per-example mean over loss-bearing tokens of BADGE's `(p - onehot(y)) ⊗ h` (Ash et al., ICLR 2020).
+_DOC = """Per-example mean over loss-bearing tokens of BADGE's `(p - onehot(y)) ⊗ h` (Ash et al., ICLR 2020).
 
     Args:
         model, dataset, indices, collate_fn, **kwargs: see `head_pass.feature_pass` (`projection_seed` also seeds
@@ -70,4 +59,4 @@ def badge_features(
     Raises:
         TypeError, ValueError: see `head_pass.feature_pass`.
     """
-    return feature_pass(model, dataset, indices, collate_fn, Badge(kwargs.get("projection_seed", 0)), **kwargs)
+badge_features = FEATURES.register("badge")(signal_features(lambda kwargs: Badge(kwargs.get("projection_seed", 0)), _DOC))

@@ -381,3 +381,15 @@ def feature_pass(
     assert features is not None  # indices is non-empty
     return FeatureOutput(features=features.clone(), loss_tokens=loss_tokens, seconds=time.perf_counter() - start_time,
                          norms=norms.clone(), losses=losses.clone())
+
+
+def signal_features(make_signal: Callable[[dict], Signal], doc: str) -> Callable[..., FeatureOutput]:
+    """The registry function of a signal: `(model, dataset, indices, collate_fn, **kwargs) -> FeatureOutput`, running
+    `feature_pass` with `make_signal(kwargs)` (kwargs as `feature_pass` takes them); `doc` becomes its docstring."""
+
+    def features(model: torch.nn.Module, dataset: Any, indices: Sequence[int],
+                 collate_fn: Callable[[list[Any]], Mapping[str, Any]], **kwargs: Any) -> FeatureOutput:
+        return feature_pass(model, dataset, indices, collate_fn, make_signal(kwargs), **kwargs)
+
+    features.__doc__ = doc
+    return features

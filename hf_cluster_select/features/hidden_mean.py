@@ -7,13 +7,9 @@ final norm) at the loss-bearing positions, so it describes what the example asks
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
-
-import torch
 
 from . import FEATURES
-from .head_pass import FeatureOutput, feature_pass
+from .head_pass import signal_features
 
 
 class HiddenMean:
@@ -23,15 +19,7 @@ class HiddenMean:
         return hidden
 
 
-@FEATURES.register("hidden_mean")
-def hidden_mean_features(
-    model: torch.nn.Module,
-    dataset: Any,
-    indices: Sequence[int],
-    collate_fn: Callable[[list[Any]], Mapping[str, Any]],
-    **kwargs: Any,
-) -> FeatureOutput:
-    """Per-example mean over loss-bearing tokens of the output head's input `h_t` (RDS+-style).
+_DOC = """Per-example mean over loss-bearing tokens of the output head's input `h_t` (RDS+-style).
 
     Args:
         model, dataset, indices, collate_fn, **kwargs: see `head_pass.feature_pass`.
@@ -40,4 +28,4 @@ def hidden_mean_features(
     Raises:
         TypeError, ValueError: see `head_pass.feature_pass`.
     """
-    return feature_pass(model, dataset, indices, collate_fn, HiddenMean(), **kwargs)
+hidden_mean_features = FEATURES.register("hidden_mean")(signal_features(lambda kwargs: HiddenMean(), _DOC))

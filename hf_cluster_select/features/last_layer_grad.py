@@ -8,13 +8,9 @@ One forward pass, no backward (`head_pass.feature_pass`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
-
-import torch
 
 from . import FEATURES
-from .head_pass import FeatureOutput, feature_pass
+from .head_pass import signal_features
 
 
 class LastLayerGrad:
@@ -24,15 +20,7 @@ class LastLayerGrad:
         return (log_p.exp() - 1.0)[:, None] * hidden
 
 
-@FEATURES.register("last_layer_grad")
-def last_layer_grad_features(
-    model: torch.nn.Module,
-    dataset: Any,
-    indices: Sequence[int],
-    collate_fn: Callable[[list[Any]], Mapping[str, Any]],
-    **kwargs: Any,
-) -> FeatureOutput:
-    """Per-example mean over loss-bearing tokens of `(p_t[y_t] - 1) · h_t` (CluSTER, EMNLP 2026; BADGE, ICLR 2020).
+_DOC = """Per-example mean over loss-bearing tokens of `(p_t[y_t] - 1) · h_t` (CluSTER, EMNLP 2026; BADGE, ICLR 2020).
 
     Args:
         model, dataset, indices, collate_fn: see `head_pass.feature_pass`.
@@ -44,4 +32,4 @@ def last_layer_grad_features(
     Raises:
         TypeError, ValueError: see `head_pass.feature_pass`.
     """
-    return feature_pass(model, dataset, indices, collate_fn, LastLayerGrad(), **kwargs)
+last_layer_grad_features = FEATURES.register("last_layer_grad")(signal_features(lambda kwargs: LastLayerGrad(), _DOC))

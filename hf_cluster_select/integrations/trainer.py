@@ -19,7 +19,6 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 from transformers import GenerationMixin, Trainer
