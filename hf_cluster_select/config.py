@@ -36,9 +36,13 @@ class ClusterSelectConfig:
     `hf_cluster_select.cli.parse_training_and_cluster_args` (as `--cluster_<field>`: `warmup_steps` and `seed` exist
     in both classes, so a plain `HfArgumentParser((TrainingArguments, ClusterSelectConfig))` refuses them).
 
-    The defaults are this project's own recipe (HDBSCAN on PCA-reduced last-layer gradient proxies, noise points
-    assigned to their most probable cluster, exact budget, token-balanced allocation). `ClusterSelectConfig.paper()`
-    returns CluSTER's published recipe (Kim et al., EMNLP 2026) for comparison.
+    The defaults were chosen on the quality benchmarks (README, "Selection quality"; `benchmarks/probe.py`,
+    `benchmarks/quality.py`): BADGE's last-layer gradient (Ash et al., ICLR 2020) as the feature, fine KMeans strata
+    of about `kept_per_cluster` kept examples each, facility-location medoids (the objective of CRAIG, Mirzasoleiman
+    et al., ICML 2020) with uniform weights, an exact budget and token-balanced allocation. HDBSCAN (Campello et al.
+    2013) is `cluster_method="hdbscan"`. `ClusterSelectConfig.paper()` returns CluSTER's published recipe (Kim et al.,
+    EMNLP 2026) for comparison. Strategy names are checked against `hf_cluster_select.registry`, so a strategy a user
+    registered there is accepted.
 
     Raises:
         ValueError: from `__post_init__`, naming the field and the value it got, for any out-of-range setting.

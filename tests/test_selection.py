@@ -239,3 +239,32 @@ def test_groups_are_ignored_when_fewer_than_the_budget():
     assert chosen.n_kept == 4 and chosen.weights.tolist() == [2.0] * 4
     chosen = select_from_labels(np.zeros(8, dtype=int), within_cluster="random", data_fraction=0.25, groups=groups)
     assert sorted(chosen.indices.tolist()) == [0, 4] and chosen.weights.tolist() == [4.0, 4.0]
+
+
+def test_facility_location_picks_the_medoids_of_two_groups():
+    """Points 0 1 2 | 10 11 12: the first greedy pick maximises Σ (12 − distance), a tie between 2 and 10 (total
+    distance 30) that goes to the lower position; the second adds 11 (gain 25, against 24 for 10)."""
+    from hf_cluster_select.selection import WITHIN_CLUSTER_RULES
+
+    points = np.array([[0.0], [1.0], [2.0], [10.0], [11.0], [12.0]])
+    positions, weights = WITHIN_CLUSTER_RULES.get("facility_location")(points, 2, np.random.default_rng(0))
+    assert positions.tolist() == [2, 4] and weights.tolist() == [3.0, 3.0]
+    positions, weights = WITHIN_CLUSTER_RULES.get("craig")(points, 3, np.random.default_rng(0))
+    assert sorted(weights.tolist()) == [1.0, 2.0, 3.0] and weights.sum() == 6.0  # members each medoid stands for
+
+
+def test_fine_kmeans_cuts_each_blob_into_strata_of_the_budget():
+    from hf_cluster_select import ClusterSelectConfig
+    from hf_cluster_select.selection import cluster_features
+
+    rng = np.random.default_rng(0)
+    centres = np.array([[20.0, 0, 0], [0, 20.0, 0], [0, 0, 20.0]])
+    features = np.concatenate([c + rng.normal(size=(30, 3)) for c in centres])
+    blob = np.repeat(np.arange(3), 30)
+    config = ClusterSelectConfig(data_fraction=0.4, cluster_method="fine_kmeans", kept_per_cluster=4)
+    result = cluster_features(features, config)
+    assert result.n_clusters == 9 and result.params["n_clusters_requested"] == 9  # ceil(36 kept / 4)
+    assert all(len(set(blob[result.labels == c])) == 1 for c in range(9))  # no stratum spans two blobs
+    chosen = select_subset(result, config)
+    assert chosen.n_kept == 36 and np.bincount(blob[chosen.indices]).tolist() == [12, 12, 12]
+    assert chosen.weights.sum() == pytest.approx(90)
