@@ -69,3 +69,14 @@ def test_imports_go_down_the_layers(module, path):
 def test_no_module_over_the_size_limit():
     too_long = {module: n for module, path in modules() if (n := len(path.read_text().splitlines())) > 400}
     assert too_long == {}
+
+
+@pytest.mark.parametrize("module, path", list(modules()), ids=lambda x: str(x) if isinstance(x, str) else "")
+def test_docstring_layer_matches_the_map(module, path):
+    """A module's docstring that names its layer ("(layer L2 ...") names the one of the map."""
+    import re
+
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    found = re.search(r"\(layer L(\d)", doc)
+    if found:
+        assert int(found.group(1)) == layer_of(module), f"{module}: docstring says L{found.group(1)}"

@@ -1,5 +1,5 @@
 """What `ClusterSFTTrainer` adds to `trl.SFTTrainer`: dataset and settings checks, and per-example loss weights on
-TRL's fused loss path (layer L3: reads TRL's `SFTConfig` fields, never a `Trainer`).
+TRL's fused loss path (layer L4: reads TRL's `SFTConfig` fields, never a `Trainer`).
 
 TRL accepts three dataset formats (plus already tokenized data): language modelling (`text`, or the column named by
 `dataset_text_field`), prompt-completion (`prompt` and `completion`, strings or message lists) and conversational
