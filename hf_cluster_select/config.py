@@ -157,6 +157,13 @@ class ClusterSelectConfig:
         default=16,
         metadata={"help": "Look-ahead, in micro-steps, from which token-balanced batches are filled (an example waits at most this many steps)."},
     )
+    stratify_column: str | None = field(
+        default=None,
+        metadata={
+            "help": "A training-dataset column (task, source, language, ...): every value gets its proportional share "
+            "of the budget, and clusters are split by it; None = clusters alone set the shares."
+        },
+    )
     seed: int = field(default=42, metadata={"help": "Seed of selection and batch order."})
 
     def __post_init__(self) -> None:
@@ -203,6 +210,8 @@ class ClusterSelectConfig:
                 f"`allocation`='paper' selects before training (CluSTER; its batch count depends on the cluster sizes), "
                 f"so `warmup_steps` must be 0 or None, got {self.warmup_steps}."
             )
+        if self.stratify_column is not None and (not isinstance(self.stratify_column, str) or not self.stratify_column):
+            raise TypeError(f"`stratify_column` must be a column name or None, got {self.stratify_column!r}.")
         if not isinstance(self.balance_tokens, bool):
             raise TypeError(f"`balance_tokens` must be a bool, got {self.balance_tokens!r}.")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):

@@ -52,6 +52,7 @@ def select_with_model(
     batch_size: int,
     shift_labels: bool | None = None,
     merge_unclusterable: bool = False,
+    strata: Sequence[Any] | None = None,
     show_progress: bool = True,
 ) -> SelectionOutcome:
     """Choose the training subset with the current model (CluSTER, Kim et al., EMNLP 2026, with HDBSCAN clusters).
@@ -70,6 +71,7 @@ def select_with_model(
         batch_size (`int`): examples per feature forward pass.
         shift_labels (`bool`, *optional*): whether labels are shifted (causal LM); `None` = the feature's default.
         merge_unclusterable (`bool`, *optional*, defaults to `False`): see `cluster_features`.
+        strata (sequence of length `n_examples`, *optional*): the `stratify_column` values (see `select_subset`).
         show_progress (`bool`, *optional*, defaults to `True`): tqdm bar on this rank.
     Returns:
         `SelectionOutcome`.
@@ -102,7 +104,7 @@ def select_with_model(
     if distributed.rank() == 0:
         result = cluster_features(features.numpy(), config, world_size=plan.world_size, loss_tokens=loss_tokens,
                                   merge_unclusterable=merge_unclusterable)
-        chosen = select_subset(result, config, norms=norms, losses=losses)
+        chosen = select_subset(result, config, norms=norms, losses=losses, strata=strata)
         report = SelectionReport.from_results(
             result,
             chosen,

@@ -152,13 +152,14 @@ class SelectionRun:
 
     # ---- selection --------------------------------------------------------------------------------------------
     def select(self, model: torch.nn.Module, dataset: Any, collator: Any, *, batch_size: int,
-               show_progress: bool = True) -> SelectionReport:
+               strata: Sequence[Any] | None = None, show_progress: bool = True) -> SelectionReport:
         """Features on every rank's shard, clustering and selection on rank 0, broadcast; then `adopt` it.
 
         Args:
             model (`torch.nn.Module`): the unwrapped model the features come from.
             dataset (map-style dataset of `dict`), collator (`Callable`): the feature view of the training data.
             batch_size (`int`): examples per feature forward pass.
+            strata (sequence of length `n_examples`, *optional*): `config.stratify_column`'s values.
             show_progress (`bool`, *optional*, defaults to `True`): tqdm bar on this rank.
         Returns:
             `SelectionReport`, also `self.report`; its summary is left in `pending_metrics` for the trainer to log.
@@ -168,7 +169,7 @@ class SelectionRun:
         outcome = select_with_model(
             model, dataset, collator, config=self.config, plan=self.plan, lengths=self.lengths, clock=self.clock,
             batch_size=batch_size, shift_labels=self.shift_labels,
-            merge_unclusterable=self.allocation.exact_clusters, show_progress=show_progress,
+            merge_unclusterable=self.allocation.exact_clusters, strata=strata, show_progress=show_progress,
         )
         self.adopt(outcome.selection, outcome.labels, outcome.raw_labels, outcome.report)
         self.report.selected_steps = self.plan.selected_steps  # re-planned when the allocation sets the batch count

@@ -268,3 +268,15 @@ def test_fine_kmeans_cuts_each_blob_into_strata_of_the_budget():
     chosen = select_subset(result, config)
     assert chosen.n_kept == 36 and np.bincount(blob[chosen.indices]).tolist() == [12, 12, 12]
     assert chosen.weights.sum() == pytest.approx(90)
+
+
+def test_strata_get_their_proportional_share_inside_one_cluster():
+    """One cluster, strata of 30 and 10 examples, 10 kept: 8 and 2 (largest remainder of 7.5 / 2.5, ties to the
+    larger), whatever the rule; the selection's labels stay the clusters."""
+    labels = np.zeros(40, dtype=int)
+    strata = np.array(["a"] * 30 + ["b"] * 10)
+    points = np.r_[np.zeros((30, 1)), np.ones((10, 1))]
+    for rule in ("random", "facility_location", "peripheral"):
+        chosen = select_from_labels(labels, points, data_fraction=0.25, within_cluster=rule, strata=strata)
+        assert np.bincount((strata[chosen.indices] == "b").astype(int)).tolist() == [8, 2], rule
+        assert chosen.labels.tolist() == [0] * 10 and chosen.weights.sum() == pytest.approx(40)

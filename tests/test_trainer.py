@@ -372,3 +372,18 @@ def test_regression_head_is_refused_before_training(tmp_path, tokenizer):
     with pytest.raises(ValueError, match="regression or multi-label head"):
         trainer.train()
     assert trainer.state.global_step == 0
+
+
+def test_stratify_column_sets_the_shares(tmp_path, tiny_lm, lm_dataset, collator):
+    """A `task` column the model never sees: each task keeps its proportional share of the budget."""
+    data = lm_dataset.add_column("task", ["rare" if i < 12 else "common" for i in range(len(lm_dataset))])
+    config = ClusterSelectConfig(data_fraction=0.5, stratify_column="task")
+    trainer = build(tmp_path, tiny_lm, data, collator, config=config)
+    trainer.train()
+    kept = trainer.selection.indices
+    assert (kept < 12).sum() == 6 and len(kept) == 48
+    missing = build(tmp_path / "m", tiny_lm, lm_dataset, collator,
+                    config=ClusterSelectConfig(stratify_column="task"))
+    with pytest.raises(ValueError, match="`stratify_column` 'task' is not a column"):
+        missing.train()
+    assert missing.state.global_step == 0

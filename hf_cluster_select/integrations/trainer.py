@@ -103,6 +103,7 @@ class ClusterSelectMixin:
         check_train_dataset(self.train_dataset)  # None, dict of splits, streaming, empty
         args, shift = self.args, labels_are_shifted(self.accelerator.unwrap_model(self.model))
         self._cs_check_loss_path(shift)
+        self._cs_strata()  # a missing stratify_column fails now, not after the warm-up
         if self.cluster_config.feature_context == "loss_tokens" and not shift:
             raise ValueError(
                 "`feature_context='loss_tokens'` applies to causal language models (labels aligned with "
@@ -277,9 +278,28 @@ class ClusterSelectMixin:
         run.select(
             self.accelerator.unwrap_model(model if model is not None else self.model), dataset, collator,
             batch_size=self.cluster_config.feature_batch_size or self.args.per_device_eval_batch_size,
+            strata=self._cs_strata(),
             show_progress=self.is_world_process_zero() and not self.args.disable_tqdm,
         )
         self._cs_after_selection(run.report)
+
+    def _cs_strata(self) -> list | None:
+        """The values of `cluster_config.stratify_column` in `train_dataset`, one per example (`None` if unset).
+
+        Raises:
+            ValueError: if the dataset has no such column.
+        """
+        name = self.cluster_config.stratify_column
+        if name is None:
+            return None
+        dataset = self.train_dataset
+        columns = getattr(dataset, "column_names", None) or (list(dataset[0]) if len(dataset) else [])
+        if name not in columns:
+            raise ValueError(f"`stratify_column` {name!r} is not a column of `train_dataset` (columns: "
+                             f"{sorted(columns)}).")
+        if hasattr(dataset, "column_names"):
+            return list(dataset.with_format(None)[name] if hasattr(dataset, "with_format") else dataset[name])
+        return [example[name] for example in dataset]
 
     def _cs_after_selection(self, report: SelectionReport) -> None:
         """What a subclass adds to the report once selection ran (TRL's dropped-example count)."""

@@ -29,6 +29,16 @@ def _per_example(name: str, values: Any, n_total: int) -> np.ndarray:
     return np.nan_to_num(array, nan=0.0, posinf=0.0, neginf=0.0)
 
 
+def _cells(labels: np.ndarray, strata: Any, n_total: int) -> tuple[np.ndarray, np.ndarray]:
+    """One id per (stratum, cluster) pair `[n_total]`, and the stratum of every cell id `[n_cells]`."""
+    strata = np.asarray(strata).reshape(-1)
+    if strata.shape != (n_total,):
+        raise ValueError(f"`strata` must have shape [{n_total}], got {tuple(strata.shape)}.")
+    strata = np.unique(strata, return_inverse=True)[1].reshape(-1)
+    pairs, cells = np.unique(np.stack([strata, labels]), axis=1, return_inverse=True)
+    return cells.reshape(-1), pairs[0]
+
+
 def _units(eligible: np.ndarray, groups: Any, budget: int, n_total: int) -> tuple[np.ndarray, np.ndarray]:
     """The examples selection chooses among and how many examples each stands for: with `groups`, the first
     (lowest-index) eligible copy of every duplicate group, counting its copies, as long as there are at least
@@ -72,6 +82,7 @@ def select_from_labels(
     norms: Any = None,
     losses: Any = None,
     groups: Any = None,
+    strata: Any = None,
 ) -> Selection:
     """Keep exactly `selection_budget(n, data_fraction)` examples, spread over clusters and weighted.
 
@@ -98,6 +109,9 @@ def select_from_labels(
             Each group is one candidate (its lowest-index copy) that stands for all its copies: quotas count groups,
             and a kept copy's weight is multiplied by its group's size, so a row repeated 15 times takes one slot
             and keeps its share of the weight. Ignored when there are fewer groups than the budget.
+        strata (array-like of shape `[n_examples]`, *optional*): a user's grouping (task, source, language): quotas
+            and within-cluster rules then work on (stratum, cluster) cells, so every stratum gets its proportional
+            share; `Selection.labels` stay the clusters.
     Returns:
         `Selection`: kept `indices` `[m]` (int64, sorted ascending), `weights` `[m]` (float64,
         `|C_c| / kept_c`, summing to n; when the budget is below the number of clusters, the clusters left out
@@ -151,15 +165,26 @@ def select_from_labels(
         indices = np.sort(np.concatenate([eligible, fill])).astype(np.int64)
         weights = np.full(budget, n_total / budget, dtype=np.float64)
         return Selection(indices=indices, weights=weights, labels=labels[indices], n_total=int(n_total))
+    cells, stratum_of = (labels, None) if strata is None else _cells(labels, strata, n_total)
     units, copies = _units(eligible, groups, budget, n_total)
-    clusters, unit_sizes = np.unique(labels[units], return_counts=True)
-    sizes = np.bincount(np.searchsorted(clusters, labels[units]), weights=copies).astype(np.int64)  # examples
-    quotas = cluster_quotas(unit_sizes, budget, quota)
+    clusters, unit_sizes = np.unique(cells[units], return_counts=True)
+    sizes = np.bincount(np.searchsorted(clusters, cells[units]), weights=copies).astype(np.int64)  # examples
+    if stratum_of is None:
+        quotas = cluster_quotas(unit_sizes, budget, quota)
+    else:  # the budget over strata first (exact proportional shares), then each stratum's over its cells
+        owner = stratum_of[clusters]
+        per_stratum = cluster_quotas(np.bincount(owner, weights=unit_sizes).astype(np.int64)[np.unique(owner)],
+                                     budget, "proportional")
+        quotas = np.zeros(clusters.size, dtype=np.int64)
+        for stratum, share in zip(np.unique(owner), per_stratum):
+            if share:
+                inside = owner == stratum
+                quotas[inside] = cluster_quotas(unit_sizes[inside], int(share), quota)
     kept_parts, weight_parts = [], []
     for cluster, size, keep in zip(clusters, sizes, quotas):
         if keep == 0:
             continue
-        in_cluster = labels[units] == cluster
+        in_cluster = cells[units] == cluster
         members, counts = units[in_cluster], copies[in_cluster]
         rng = np.random.default_rng([int(seed) % 2**64, int(cluster) % 2**64])
         positions, weights = rule(np.zeros((members.size, 0)) if points is None else points[members], int(keep), rng,
@@ -180,7 +205,7 @@ def select_from_labels(
 
 
 def select_subset(result: ClusteringResult, config: ClusterSelectConfig, *, norms: Any = None,
-                  losses: Any = None) -> Selection:
+                  losses: Any = None, strata: Any = None) -> Selection:
     """Select from a clustering with the settings of `config` (`data_fraction`, `quota`, `within_cluster`, `seed`).
 
     Args:
@@ -188,6 +213,7 @@ def select_subset(result: ClusteringResult, config: ClusterSelectConfig, *, norm
         config (`ClusterSelectConfig`): selection settings.
         norms, losses (array-like of shape `[n_examples]`, *optional*): raw feature norms and warm-up losses
             (`FeatureOutput.norms` / `.losses`), for the rules that use them.
+        strata (array-like of shape `[n_examples]`, *optional*): the values of `config.stratify_column`.
     Examples without loss-bearing tokens (raw label `NO_LOSS_LABEL`) are `deferred`: kept only when the budget
     cannot be met without them.
 
@@ -207,4 +233,5 @@ def select_subset(result: ClusteringResult, config: ClusterSelectConfig, *, norm
         norms=norms,
         losses=losses,
         groups=result.groups,
+        strata=strata,
     )
