@@ -22,7 +22,7 @@ from hf_cluster_select.features import FEATURES
 from hf_cluster_select import ClusterSelectConfig, ClusterTrainer, SelectionReport
 from hf_cluster_select._types import NO_LOSS_LABEL, NONFINITE_LABEL, Selection
 from hf_cluster_select.selection import cluster_features
-from hf_cluster_select.features.last_layer_grad import FeatureOutput
+from hf_cluster_select.features import FeatureOutput
 from hf_cluster_select.reporting.model_card import write_model_card
 from hf_cluster_select.persistence import (
     SELECTION_FILENAME, checkpoint_problems, load_selection, resolve_resume_checkpoint, save_selection,
