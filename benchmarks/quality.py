@@ -139,6 +139,33 @@ def summarise(cells: list[dict], main: str, higher_is_better: bool) -> list[dict
     return rows
 
 
+def markdown(result: dict) -> str:
+    """The README table: per arm and fraction, mean ± std of the main metric over seeds, the paired gain against
+    the random subset (seeds won), the weighted class/skill TV distance and the smallest kept share."""
+    rows, metric = result["summary"], result["metric"]
+    fractions = sorted({r["fraction"] for r in rows if r["arm"] != "full"})
+    arms = [a for a in result["arms"] if a != "full"]
+    head = "| arm | " + " | ".join(f"f = {f:g}: {metric} (gain vs random, wins) / TV / min share" for f in fractions)
+    lines = [head + " |", "|---|" + "---|" * len(fractions)]
+    for arm in arms:
+        cells = []
+        for f in fractions:
+            r = next((x for x in rows if x["arm"] == arm and x["fraction"] == f), None)
+            if r is None:
+                cells.append("—")
+                continue
+            gain = "" if arm == "random" else (f" ({100 * r['paired_gain_vs_random']:+.1f}, {r['wins_vs_random']}/"
+                                               f"{r['n_seeds']})")
+            cells.append(f"{100 * r['mean']:.1f} ± {100 * r['std']:.1f}{gain} / {r['tv_distance']:.3f} / "
+                         f"{r['min_share_ratio']:.2f}")
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    full = next((x for x in rows if x["arm"] == "full"), None)
+    if full:
+        lines.append(f"| full data | {100 * full['mean']:.1f} ± {100 * full['std']:.1f} (all {result['n_train']}) |"
+                     + " |" * (len(fractions) - 1))
+    return "\n".join(lines)
+
+
 def plot(rows: list[dict], path: str) -> None:
     """Paired gain vs random per fraction, one line per arm."""
     import matplotlib
@@ -171,7 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", nargs="+", default=DEFAULT_ARMS)
     parser.add_argument("--quick", action="store_true", help="tiny pools, 1 epoch, one fraction and seed")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/quality_<task>.json)")
+    parser.add_argument("--report", default=None, help="print the Markdown table of an existing JSON and exit")
     args = parser.parse_args(argv)
+    if args.report:
+        with open(args.report, encoding="utf-8") as handle:
+            print(markdown(json.load(handle)))
+        return 0
     if args.quick:
         args.fractions, args.seeds = args.fractions[:1] if args.fractions != [0.1, 0.3, 0.5] else [0.5], [0]
     torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -198,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     with open(out, "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=1)
     plot(rows, os.path.splitext(out)[0] + ".png")
+    with open(os.path.splitext(out)[0] + ".md", "w", encoding="utf-8") as handle:
+        handle.write(markdown(result) + "\n")
     for row in rows:
         print(json.dumps(row))
     return 0
