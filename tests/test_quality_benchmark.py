@@ -37,3 +37,5 @@ def test_quick_quality_benchmark(tmp_path):
     assert rows["default"]["paired_gain_vs_random"] == pytest.approx(cells["default"]["accuracy"]
                                                                      - cells["random"]["accuracy"])
     assert (tmp_path / "quality.png").stat().st_size > 0
+    table = (tmp_path / "quality.md").read_text()
+    assert "| default | " in table and f"{100 * cells['default']['accuracy']:.1f} ± 0.0" in table
