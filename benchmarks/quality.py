@@ -143,6 +143,7 @@ def markdown(result: dict) -> str:
     """The README table: per arm and fraction, mean ± std of the main metric over seeds, the paired gain against
     the random subset (seeds won), the weighted class/skill TV distance and the smallest kept share."""
     rows, metric = result["summary"], result["metric"]
+    scale, unit = (100, "") if result.get("higher_is_better", True) else (1, "")  # accuracy in %, loss in nats
     fractions = sorted({r["fraction"] for r in rows if r["arm"] != "full"})
     arms = [a for a in result["arms"] if a != "full"]
     head = "| arm | " + " | ".join(f"f = {f:g}: {metric} (gain vs random, wins) / TV / min share" for f in fractions)
@@ -154,14 +155,17 @@ def markdown(result: dict) -> str:
             if r is None:
                 cells.append("—")
                 continue
-            gain = "" if arm == "random" else (f" ({100 * r['paired_gain_vs_random']:+.1f}, {r['wins_vs_random']}/"
-                                               f"{r['n_seeds']})")
-            cells.append(f"{100 * r['mean']:.1f} ± {100 * r['std']:.1f}{gain} / {r['tv_distance']:.3f} / "
-                         f"{r['min_share_ratio']:.2f}")
+            digits = 1 if scale == 100 else 3
+            gain = "" if arm == "random" else (f" ({scale * r['paired_gain_vs_random']:+.{digits}f}{unit}, "
+                                               f"{r['wins_vs_random']}/{r['n_seeds']})")
+            cells.append(f"{scale * r['mean']:.{digits}f} ± {scale * r['std']:.{digits}f}{gain} / "
+                         f"{r['tv_distance']:.3f} / {r['min_share_ratio']:.2f}")
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     full = next((x for x in rows if x["arm"] == "full"), None)
     if full:
-        lines.append(f"| full data | {100 * full['mean']:.1f} ± {100 * full['std']:.1f} (all {result['n_train']}) |"
+        digits = 1 if scale == 100 else 3
+        lines.append(f"| full data | {scale * full['mean']:.{digits}f} ± {scale * full['std']:.{digits}f} (all "
+                     f"{result['n_train']}) |"
                      + " |" * (len(fractions) - 1))
     return "\n".join(lines)
 
