@@ -46,6 +46,7 @@ class SelectionRun:
             ratio below 1); the warm-up on the full data when `config.warmup_steps` is `None`.
         shift_labels (`bool`, *optional*, defaults to `True`): whether position `t` predicts `labels[t + 1]` (causal
             LM). Decided once, here; features, validation and the weighted loss all read `self.shift_labels`.
+        strata (sequence of length `n_examples`, *optional*): `config.stratify_column`'s value of every example.
         clock (`PhaseClock`, *optional*): the run's clock (a fresh one by default).
     Raises:
         ValueError: for a plan that cannot run (see `schedule.plan_steps`) or an allocation that cannot run on this
@@ -64,6 +65,7 @@ class SelectionRun:
         max_steps: int = -1,
         lr_warmup_steps: float = 0,
         shift_labels: bool = True,
+        strata: Sequence[Any] | None = None,
         clock: PhaseClock | None = None,
     ) -> None:
         if not isinstance(config, ClusterSelectConfig):
@@ -71,6 +73,9 @@ class SelectionRun:
         self.config = config
         self.lengths = np.maximum(np.asarray(lengths, dtype=np.int64).reshape(-1), 1)
         self.shift_labels = bool(shift_labels)
+        if strata is not None and len(strata) != self.lengths.size:
+            raise ValueError(f"`strata` must hold one value per example ({self.lengths.size}), got {len(strata)}.")
+        self.strata = None if strata is None else list(strata)
         self.clock = clock if clock is not None else PhaseClock()
         self.allocation = get_allocation(config.allocation)
         self.allocation.check(world_size, config)
@@ -152,14 +157,13 @@ class SelectionRun:
 
     # ---- selection --------------------------------------------------------------------------------------------
     def select(self, model: torch.nn.Module, dataset: Any, collator: Any, *, batch_size: int,
-               strata: Sequence[Any] | None = None, show_progress: bool = True) -> SelectionReport:
+               show_progress: bool = True) -> SelectionReport:
         """Features on every rank's shard, clustering and selection on rank 0, broadcast; then `adopt` it.
 
         Args:
             model (`torch.nn.Module`): the unwrapped model the features come from.
             dataset (map-style dataset of `dict`), collator (`Callable`): the feature view of the training data.
             batch_size (`int`): examples per feature forward pass.
-            strata (sequence of length `n_examples`, *optional*): `config.stratify_column`'s values.
             show_progress (`bool`, *optional*, defaults to `True`): tqdm bar on this rank.
         Returns:
             `SelectionReport`, also `self.report`; its summary is left in `pending_metrics` for the trainer to log.
@@ -169,7 +173,7 @@ class SelectionRun:
         outcome = select_with_model(
             model, dataset, collator, config=self.config, plan=self.plan, lengths=self.lengths, clock=self.clock,
             batch_size=batch_size, shift_labels=self.shift_labels,
-            merge_unclusterable=self.allocation.exact_clusters, strata=strata, show_progress=show_progress,
+            merge_unclusterable=self.allocation.exact_clusters, strata=self.strata, show_progress=show_progress,
         )
         self.adopt(outcome.selection, outcome.labels, outcome.raw_labels, outcome.report)
         self.report.selected_steps = self.plan.selected_steps  # re-planned when the allocation sets the batch count

@@ -91,3 +91,9 @@ def test_paper_allocation_replans_until_frozen():
 def test_paper_allocation_needs_two_ranks():
     with pytest.raises(ValueError, match="at least 2 processes"):
         make_run(ClusterSelectConfig.paper(), world_size=1)
+
+
+def test_strata_must_cover_every_example():
+    assert make_run(strata=["a"] * 40).strata == ["a"] * 40
+    with pytest.raises(ValueError, match="one value per example"):
+        make_run(strata=["a"] * 39)

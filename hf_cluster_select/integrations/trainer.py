@@ -73,6 +73,7 @@ class ClusterSelectMixin:
         self.cluster_config = cluster_config
         check_map_style(kwargs.get("train_dataset", args[3] if len(args) > 3 else None))  # before Trainer's own check
         self.selection_run: SelectionRun | None = None
+        self._cs_subset_sampler = self._cs_subset_loader = None  # the prepared loader of the run's subset sampler
         super().__init__(*args, **kwargs)
         self.cluster_callback = ClusterSelectCallback(self)
         self.add_callback(self.cluster_callback)
@@ -103,7 +104,6 @@ class ClusterSelectMixin:
         check_train_dataset(self.train_dataset)  # None, dict of splits, streaming, empty
         args, shift = self.args, labels_are_shifted(self.accelerator.unwrap_model(self.model))
         self._cs_check_loss_path(shift)
-        self._cs_strata()  # a missing stratify_column fails now, not after the warm-up
         if self.cluster_config.feature_context == "loss_tokens" and not shift:
             raise ValueError(
                 "`feature_context='loss_tokens'` applies to causal language models (labels aligned with "
@@ -113,7 +113,7 @@ class ClusterSelectMixin:
             self.cluster_config, lengths=example_lengths(self.train_dataset), world_size=args.world_size,
             per_device_batch_size=self._train_batch_size, gradient_accumulation_steps=args.gradient_accumulation_steps,
             num_train_epochs=args.num_train_epochs, max_steps=args.max_steps, lr_warmup_steps=args.warmup_steps,
-            shift_labels=shift,
+            shift_labels=shift, strata=self._cs_strata(),  # a missing stratify_column fails now, not after warm-up
         )
         dataset, collator = self._cs_training_view()  # hdbscan importable, collator works, some label bears a loss
         check_training_inputs(
@@ -194,9 +194,8 @@ class ClusterSelectMixin:
     def _cs_subset_dataloader(self) -> DataLoader:
         """The prepared DataLoader of the run's subset sampler, built once per selection."""
         sampler = self.selection_run.subset_sampler
-        if getattr(self, "_cs_subset_loader", None) is None or self._cs_subset_loader.sampler_source is not sampler:
-            self._cs_subset_loader = self._cs_build_loader(sampler)
-            self._cs_subset_loader.sampler_source = sampler
+        if self._cs_subset_sampler is not sampler:
+            self._cs_subset_sampler, self._cs_subset_loader = sampler, self._cs_build_loader(sampler)
         return self._cs_subset_loader
 
     def get_train_dataloader(self) -> DataLoader:
@@ -278,7 +277,6 @@ class ClusterSelectMixin:
         run.select(
             self.accelerator.unwrap_model(model if model is not None else self.model), dataset, collator,
             batch_size=self.cluster_config.feature_batch_size or self.args.per_device_eval_batch_size,
-            strata=self._cs_strata(),
             show_progress=self.is_world_process_zero() and not self.args.disable_tqdm,
         )
         self._cs_after_selection(run.report)
