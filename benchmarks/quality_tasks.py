@@ -5,6 +5,9 @@
 - `ni`: the 16-skill Natural-Instructions sample (12 training and 6 held-out examples per skill), SmolLM2-135M-Instruct
   SFT (LoRA r=8 on q/v, one epoch) on the targets; held-out loss per skill and their macro average (a selection that
   starves a skill shows there). Sized to fit 2 CPU cores, not to convergence.
+- `mathqa`: the demo's task (MathQA from BIG-bench, chat-formatted, loss on the answer only), SmolLM2-135M-Instruct
+  fully fine-tuned one epoch with the demo's recipe; held-out answer loss (mean over problems) and length-normalised
+  multiple-choice accuracy.
 
 Pools are fixed by `POOL_SEED`; the run seed changes the random subset, the selection seed and the model's head
 initialisation, identically for every arm of that seed.
@@ -160,4 +163,45 @@ def load_ni(quick: bool) -> Task:
     return Task("ni", train, test, skills, len(tasks), make_model, collate, recipe, evaluate, "macro_loss", False)
 
 
-TASKS = {"20ng": load_20ng, "ni": load_ni}
+def load_mathqa(quick: bool) -> Task:
+    """MathQA as in the demo (`python -m hf_cluster_select.demo`): 220 training and 100 held-out problems."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_cluster_select.demo.mathqa import (load_mathqa as read_mathqa, multiple_choice_accuracy, pad_collate,
+                                               split_train_eval, tokenize_mathqa)
+    from hf_cluster_select.demo.smollm2 import ensure_smollm2
+
+    model_dir = ensure_smollm2()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    n_train, n_test = (32, 16) if quick else (220, 100)
+    problems = read_mathqa(n=n_train + n_test, seed=POOL_SEED)
+    train_problems, test_problems = split_train_eval(problems, n_test, seed=POOL_SEED)
+    keep = ["input_ids", "attention_mask", "labels"]
+    train = tokenize_mathqa(train_problems, tokenizer, max_length=128)
+    test = tokenize_mathqa(test_problems, tokenizer, max_length=128)
+    train = train.remove_columns([c for c in train.column_names if c not in keep])
+    test = test.remove_columns([c for c in test.column_names if c not in keep])
+    collate = functools.partial(pad_collate, pad_token_id=tokenizer.pad_token_id)
+    # "groups" for the balance columns: the number of options (3-10), the only category MathQA has
+    groups = np.asarray([len(o) for o in train_problems["options"]])
+    groups = np.unique(groups, return_inverse=True)[1]
+
+    def make_model(seed: int):
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+    def evaluate(model):
+        model.eval()
+        with torch.no_grad():
+            losses = [model(**collate([row])).loss.item() for row in test]
+        accuracy = multiple_choice_accuracy(model, tokenizer, test_problems, batch_size=8)
+        return {"answer_loss": float(np.mean(losses)), "accuracy": float(accuracy["accuracy"]),
+                "accuracy_chance": float(accuracy["accuracy_chance"])}
+
+    recipe = dict(num_train_epochs=1, learning_rate=1e-4, per_device_train_batch_size=8,
+                  per_device_eval_batch_size=8, warmup_steps=1 if quick else 4, lr_scheduler_type="linear")
+    return Task("mathqa", train, test, groups, int(groups.max()) + 1, make_model, collate, recipe, evaluate,
+                "answer_loss", False)
+
+
+TASKS = {"20ng": load_20ng, "ni": load_ni, "mathqa": load_mathqa}

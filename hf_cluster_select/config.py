@@ -122,6 +122,13 @@ class ClusterSelectConfig:
         default=None,
         metadata={"help": "Cap on KMeans cluster sizes as a multiple of n/K (CluSTER: 1.5); None = no cap."},
     )
+    cluster_sample_size: int | None = field(
+        default=20000,
+        metadata={"help": "Above this many distinct feature rows, PCA and the clusterer are fitted on a seeded sample "
+                  "of this size and every other row joins the cluster of its nearest exemplar (fine_kmeans: a "
+                  "coarse KMeans on the sample, then KMeans inside each coarse group); None = always fit on all "
+                  "rows (benchmarks/cluster_scale.py measures where the cost bends)."},
+    )
     within_cluster: str = field(
         default="facility_location",
         metadata={
@@ -181,6 +188,7 @@ class ClusterSelectConfig:
             ("pca_dim", 1),
             ("kmeans_n_clusters", 2),
             ("kept_per_cluster", 1),
+            ("cluster_sample_size", 100),
         ):
             value = getattr(self, name)
             if value is None:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from . import distributed
-from ._types import Selection
+from ._types import ClusteringResult, Selection
 from .clock import PhaseClock
 from .config import ClusterSelectConfig
 from .features import FEATURES
@@ -74,10 +74,14 @@ def select_with_model(
         strata (sequence of length `n_examples`, *optional*): the `stratify_column` values (see `select_subset`).
         show_progress (`bool`, *optional*, defaults to `True`): tqdm bar on this rank.
     Returns:
-        `SelectionOutcome`.
+        `SelectionOutcome`. At `data_fraction=1.0` (nothing to drop) and an allocation that does not need exact
+        clusters, no feature pass and no clustering run: every example is kept in one cluster with weight 1, so
+        training is the stock Trainer's given the same batch order (`keep_everything`).
     Raises:
         ValueError: if no example has a loss-bearing token.
     """
+    if config.data_fraction >= 1.0 and not merge_unclusterable:
+        return keep_everything(config, plan, lengths, clock)
     n = plan.n_examples
     local = distributed.shard_indices(n, distributed.world_size(), distributed.rank())
     clock.start("features")
@@ -122,6 +126,37 @@ def select_with_model(
         payload = SelectionOutcome(chosen, result.labels, result.raw_labels, report)
     outcome = distributed.broadcast_object(payload)
     clock.stop("clustering")
+    return _timed(outcome, clock)
+
+
+def keep_everything(config: ClusterSelectConfig, plan: StepPlan, lengths: Sequence[int],
+                    clock: PhaseClock) -> SelectionOutcome:
+    """The selection of `data_fraction=1.0` without model work: all `n_examples` kept, one cluster, weights 1.
+
+    The report counts input tokens (`token_kind="input"`, from `lengths`): no feature pass ran to count the
+    loss-bearing ones. Its features and clustering seconds are the (near-zero) measured time of this function.
+    """
+    n = plan.n_examples
+    clock.start("features")
+    clock.stop("features")
+    clock.start("clustering")
+    zeros = np.zeros(n, dtype=np.int64)
+    result = ClusteringResult(labels=zeros, raw_labels=zeros, reduced=np.zeros((n, 0), dtype=np.float32),
+                              n_clusters=1, method="none", fallback="data_fraction=1.0: nothing to select")
+    chosen = Selection(indices=np.arange(n, dtype=np.int64), weights=np.ones(n), labels=zeros, n_total=n)
+    tokens = int(np.asarray(lengths, dtype=np.int64).sum())
+    report = SelectionReport.from_results(
+        result, chosen, config, tokens_total=tokens, tokens_kept=tokens, token_kind="input",
+        world_size=plan.world_size, per_device_train_batch_size=plan.per_device_batch_size,
+        gradient_accumulation_steps=plan.gradient_accumulation_steps, warmup_steps=plan.warmup_steps,
+        selected_steps=plan.selected_steps, full_data_steps=plan.full_data_steps,
+    )
+    clock.stop("clustering")
+    return _timed(SelectionOutcome(chosen, zeros, zeros.copy(), report), clock)
+
+
+def _timed(outcome: SelectionOutcome, clock: PhaseClock) -> SelectionOutcome:
+    """Copy the clock's warm-up, features and clustering seconds into the outcome's report."""
     report = outcome.report
     report.warmup_seconds = clock.measured("warmup")
     report.features_seconds = clock.measured("features")

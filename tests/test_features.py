@@ -265,10 +265,56 @@ def test_random_projection():
 
 
 def test_pooled_position_falls_back_to_the_pooled_row():
-    from hf_cluster_select.features.head_pass import _pooled_positions
+    from hf_cluster_select.features.head_tokens import _pooled_positions
 
     head_out = torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(0))
     logits = head_out[[0, 1], [2, 4]]  # row 0 pooled somewhere other than the last position
     assert _pooled_positions(head_out, logits, None, None).tolist() == [2, 4]
     input_ids = torch.tensor([[4, 5, 6, 0, 0], [4, 5, 6, 7, 8]])
     assert _pooled_positions(head_out, logits, input_ids, 0).tolist() == [2, 4]
+
+
+@pytest.mark.parametrize("name", ["last_layer_grad", "badge", "hidden_mean"])
+def test_loss_position_head_matches_full_logits(lm, name):
+    """The head applied only at the loss-bearing positions gives the features, norms and losses of the full
+    `[B, T, V]` logits to 1e-5 (fp32), for every built-in signal."""
+    from hf_cluster_select.features import FEATURES
+
+    examples = make_examples(9, seed=4)
+    run = FEATURES.get(name)
+    fast = run(lm, examples, list(range(9)), collate, batch_size=3, show_progress=False)
+    full = run(lm, examples, list(range(9)), collate, batch_size=3, show_progress=False, gather_loss_positions=False)
+    assert torch.allclose(fast.features, full.features, atol=1e-5)
+    assert torch.allclose(fast.norms, full.norms, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(fast.losses, full.losses, atol=1e-5)
+    assert torch.equal(fast.loss_tokens, full.loss_tokens)
+
+
+def test_head_runs_only_on_loss_tokens(lm):
+    """The LM head's input holds exactly the loss-bearing tokens (shifted): no logits for prompt or padding."""
+    examples = make_examples(6)
+    rows_seen = []
+    handle = lm.lm_head.register_forward_hook(lambda m, args, out: rows_seen.append(tuple(out.shape)))
+    try:
+        out = last_layer_grad_features(lm, examples, list(range(6)), collate, batch_size=6, show_progress=False)
+    finally:
+        handle.remove()
+    expected = sum(len(x["input_ids"]) - 2 for x in examples)  # labels[t + 1] for t >= 1: all but the prompt
+    assert int(out.loss_tokens.sum()) == expected
+    assert sum(shape[0] for shape in rows_seen) == expected and all(len(s) == 2 for s in rows_seen)
+
+
+def test_token_batches_pack_by_padded_tokens():
+    """Longest first; every position once; padded tokens within batch_size × the longest length; at most 4 × the
+    batch size; short examples share batches, so there are fewer batches than with a fixed count."""
+    from hf_cluster_select.features.inputs import token_batches
+
+    lengths = [100, 90, 10, 12, 11, 9, 50, 8, 7, 100, 10, 10, 10, 10, 10, 10, 10]
+    batches = token_batches(lengths, batch_size=2)
+    assert sorted(k for b in batches for k in b) == list(range(len(lengths)))
+    assert batches[0] == [0, 9]  # the two longest (stable order)
+    for batch in batches:
+        assert len(batch) <= 8 and len(batch) * max(lengths[k] for k in batch) <= 2 * 100
+    assert len(batches) < -(-len(lengths) // 2)
+    assert token_batches([5, 5, 5], batch_size=1) == [[0], [1], [2]]
+    assert token_batches([], batch_size=3) == []

@@ -259,17 +259,30 @@ class OrderedStockTrainer(Trainer):
         return FixedOrderSampler(self.order)
 
 
-def test_stock_trainer_equivalence_at_full_fraction(tmp_path, lm_dataset, collator, _tiny_lm_base):
-    """data_fraction=1.0 with a warm-up: the same batches fed to a stock Trainer with the same recipe give the same
-    loss at every step and the same final weights (the plan, LR schedule, loader and loss path add nothing)."""
+def test_stock_trainer_equivalence_at_full_fraction(tmp_path, lm_dataset, collator, _tiny_lm_base, monkeypatch):
+    """data_fraction=1.0 with a warm-up: no feature pass and no clustering run (nothing to select), and the same
+    batches fed to a stock Trainer with the same recipe give the same loss at every step and the same final weights
+    (the plan, LR schedule, loader and loss path add nothing)."""
     import copy
 
+    from hf_cluster_select import pipeline
+    from hf_cluster_select.features import FEATURES
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("no model work at data_fraction=1.0")
+
+    monkeypatch.setitem(FEATURES._entries, ClusterSelectConfig().feature, refuse)
+    monkeypatch.setattr(pipeline, "cluster_features", refuse)
     config = ClusterSelectConfig(data_fraction=1.0, warmup_steps=4, balance_tokens=False)
     ours = build(tmp_path / "o", copy.deepcopy(_tiny_lm_base), lm_dataset, collator, config=config)
     ours.train()
     plan = ours.step_plan
     assert plan.total_steps == 4 + 2 * 24 and ours.state.global_step == plan.total_steps
     assert np.all(ours.selection.weights == 1.0) and ours.selection.n_kept == 96
+    report = ours.selection_report
+    assert report.n_clusters == 1 and report.clustering_method == "none" and report.token_kind == "input"
+    assert report.tokens_total == report.tokens_kept == int(sum(len(r["input_ids"]) for r in lm_dataset))
+    assert report.features_seconds < 0.05
     batches = [ids for _, ids in ours.seen]
     assert all(len(ids) == 4 for ids in batches)  # fixed-size batches, so a stock DataLoader rebuilds them exactly
     assert sorted(i for ids in batches[4:28] for i in ids) == list(range(96))  # epoch 1 = every example once

@@ -20,6 +20,7 @@ from .._types import NO_LOSS_LABEL, NONFINITE_LABEL, ClusteringResult
 from ..config import ClusterSelectConfig
 from . import hdbscan_clusterer, kmeans_clusterer  # noqa: F401  (register the built-in clusterers)
 from .clusterers import CLUSTERERS
+from .sampled import fit_on_sample, seeded_sample
 
 
 
@@ -59,16 +60,19 @@ def _l2_normalise(x: np.ndarray) -> np.ndarray:
     return np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)
 
 
-def _pca(unique_rows: np.ndarray, pca_dim: int | None, seed: int) -> tuple[np.ndarray, int | None]:
-    """Seeded PCA of the distinct rows to min(pca_dim, n_unique − 1, dim); returns (reduced float64, dim used)."""
+def _pca(unique_rows: np.ndarray, pca_dim: int | None, seed: int,
+         sample: np.ndarray | None = None) -> tuple[np.ndarray, int | None]:
+    """Seeded PCA of the distinct rows (fitted on `sample` of them when given) to min(pca_dim, n_fit − 1, dim);
+    returns (reduced float64, dim used)."""
     n_unique, dim = unique_rows.shape
     if pca_dim is None or n_unique < 2:
         return unique_rows, None
     from sklearn.decomposition import PCA
 
-    n_components = min(pca_dim, n_unique - 1, dim)
-    reduced = PCA(n_components=n_components, svd_solver="auto", random_state=seed).fit_transform(unique_rows)
-    return np.ascontiguousarray(reduced, dtype=np.float64), n_components
+    fit_rows = unique_rows if sample is None else unique_rows[sample]
+    n_components = min(pca_dim, fit_rows.shape[0] - 1, dim)
+    pca = PCA(n_components=n_components, svd_solver="auto", random_state=seed).fit(fit_rows)
+    return np.ascontiguousarray(pca.transform(unique_rows), dtype=np.float64), n_components
 
 
 def cluster_features(
@@ -92,6 +96,10 @@ def cluster_features(
     - `cluster_method="kmeans"` (CluSTER, Kim et al., EMNLP 2026): K = `config.kmeans_n_clusters` or
       `max(2, world_size)`, clipped to the number of distinct rows; with `config.kmeans_size_cap` c no cluster holds
       more than `ceil(c · n / K)` examples (capacity-constrained nearest-centroid assignment).
+
+    Above `config.cluster_sample_size` distinct rows, PCA and the clusterer are fitted on a seeded sample and the
+    other rows join the cluster of their nearest exemplar (`sampled.py`; `params["sampled_rows"]`); `fine_kmeans`
+    then runs coarse-then-fine KMeans instead.
 
     Degenerate inputs (all noise, one distinct row, fewer distinct rows than `min_cluster_size`) yield one cluster
     and a `fallback` note instead of an error. The result is deterministic for a given `config.seed`.
@@ -194,9 +202,14 @@ def _cluster_rows(
     # Merge rows equal to float32 precision: exact duplicates make HDBSCAN's lambdas infinite.
     unique_rows, inverse, counts = np.unique(x.astype(np.float32), axis=0, return_inverse=True, return_counts=True)
     inverse = inverse.reshape(-1)
-    reduced, pca_used = _pca(unique_rows.astype(np.float64), config.pca_dim, config.seed)
+    sample = seeded_sample(unique_rows.shape[0], config.cluster_sample_size, config.seed)
+    reduced, pca_used = _pca(unique_rows.astype(np.float64), config.pca_dim, config.seed, sample)
     params: dict[str, Any] = {"pca_dim": pca_used, "n_unique": int(unique_rows.shape[0])}
-    fit = CLUSTERERS.get(config.cluster_method)(reduced, counts, inverse, config, world_size)
+    clusterer = CLUSTERERS.get(config.cluster_method)
+    if sample is None or getattr(clusterer, "handles_scale", False):
+        fit = clusterer(reduced, counts, inverse, config, world_size)
+    else:  # fit on a seeded sample, nearest exemplar for the rest (sampled.py)
+        fit = fit_on_sample(clusterer, reduced, counts, inverse, config, world_size, sample)
     labels, raw_labels, fallback, extra = fit.labels, fit.raw_labels, fit.fallback, fit.params
     # Contiguous 0..K-1, keeping the clusterer's order.
     _, labels = np.unique(labels, return_inverse=True)

@@ -17,6 +17,7 @@ import numpy as np
 from ..config import ClusterSelectConfig
 from .budget import selection_budget
 from .clusterers import CLUSTERERS, ClusterFit
+from .sampled import seeded_sample, two_level_kmeans
 
 
 def _capacity_assign(points: np.ndarray, centroids: np.ndarray, capacity: int) -> np.ndarray:
@@ -85,7 +86,8 @@ def fit_fine_kmeans(
     reduced: np.ndarray, counts: np.ndarray, inverse: np.ndarray, config: ClusterSelectConfig, world_size: int
 ) -> ClusterFit:
     """KMeans (k-means++ seeding, one init, seeded) with K = ceil(budget / `config.kept_per_cluster`) clusters,
-    clipped to the distinct rows, fitted on the distinct rows weighted by their counts; no noise."""
+    clipped to the distinct rows, fitted on the distinct rows weighted by their counts; no noise. Above
+    `config.cluster_sample_size` distinct rows: coarse-then-fine KMeans (`sampled.two_level_kmeans`)."""
     from sklearn.cluster import KMeans
 
     n_total, n_unique = int(inverse.size), reduced.shape[0]
@@ -95,6 +97,14 @@ def fit_fine_kmeans(
     params: dict[str, Any] = {"n_clusters_requested": requested, "kept_per_cluster": config.kept_per_cluster}
     if n_clusters == 1:
         return ClusterFit(np.zeros(n_total, dtype=np.int64), None, None, params)
+    sample = seeded_sample(n_unique, config.cluster_sample_size, config.seed)
+    if sample is not None:
+        params.update(sampled_rows=int(sample.size), assignment="two_level_kmeans")
+        labels = two_level_kmeans(reduced, counts, n_clusters, sample, config.seed)
+        return ClusterFit(labels[inverse], None, None, params)
     kmeans = KMeans(n_clusters=n_clusters, n_init=1, random_state=config.seed)
     kmeans.fit(reduced, sample_weight=counts.astype(np.float64))
     return ClusterFit(np.asarray(kmeans.labels_, dtype=np.int64)[inverse], None, None, params)
+
+
+fit_fine_kmeans.handles_scale = True  # clustering.py does not sample around it

@@ -1,0 +1,142 @@
+"""Clustering at scale: seconds, peak memory and agreement of exact and sampled fits, 10k to 1M rows.
+
+    python benchmarks/cluster_scale.py                      # 10k, 100k, 1M rows x 32 dims (about 20 minutes)
+    python benchmarks/cluster_scale.py --sizes 10000 --quick
+
+Data: a seeded Gaussian mixture with known labels (40 components of unequal weight, 32 dims, component centres at
+distance ~8σ), so agreement with the truth (ARI) is measurable. For every size, in one process on an idle machine:
+
+- `hdbscan_exact` (`cluster_method="hdbscan"`, `cluster_sample_size=None`), only up to `--exact-limit` rows;
+- `hdbscan_sampled` (the default `cluster_sample_size`, 20,000): fit on a seeded sample, nearest exemplar for the
+  rest; and `hdbscan.approximate_predict` on the same sample fit (`prediction_data=True`), for comparison;
+- `fine_kmeans_exact` (up to `--exact-limit` rows) and `fine_kmeans` (two-level above the sample size) at
+  `data_fraction=0.3`, where agreement is the homogeneity of the fine clusters with the truth (each fine cluster
+  should lie inside one component).
+
+Each cell records wall seconds, the peak resident memory of a child process that ran only that cell (MiB), ARI /
+homogeneity with the truth, and ARI with the exact fit where it ran. Writes `benchmarks/results/cluster_scale.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import resource
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def mixture(n: int, dim: int = 32, k: int = 40, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """`[n, dim]` float32 rows of a k-component Gaussian mixture with Zipf-like weights, and their components."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(k, dim)) * (8.0 / np.sqrt(2 * dim))  # centre pairs ~8 sigma apart
+    weights = 1.0 / np.arange(1, k + 1) ** 0.7
+    truth = rng.choice(k, size=n, p=weights / weights.sum())
+    x = centres[truth] + rng.normal(size=(n, dim))
+    return x.astype(np.float32), truth
+
+
+def _cell(queue, method: str, n: int, sample_size):
+    from sklearn.metrics import adjusted_rand_score, homogeneity_score
+
+    from hf_cluster_select import ClusterSelectConfig
+    from hf_cluster_select.selection import cluster_features
+
+    x, truth = mixture(n)
+    start = time.perf_counter()
+    extra = {}
+    if method == "hdbscan_approximate_predict":
+        import hdbscan
+
+        from hf_cluster_select.selection.clustering import _l2_normalise
+        from hf_cluster_select.selection.sampled import seeded_sample
+        from sklearn.decomposition import PCA
+
+        rows = _l2_normalise(x.astype(np.float64))
+        sample = seeded_sample(n, sample_size, 0)
+        sample = np.arange(n) if sample is None else sample
+        pca = PCA(n_components=16, random_state=0).fit(rows[sample])
+        reduced = pca.transform(rows)
+        config = ClusterSelectConfig(cluster_method="hdbscan")
+        model = hdbscan.HDBSCAN(min_cluster_size=config.resolved_min_cluster_size(sample.size), min_samples=1,
+                                prediction_data=True).fit(reduced[sample])
+        labels, _ = hdbscan.approximate_predict(model, reduced)
+        extra["noise_fraction"] = float((labels < 0).mean())
+    else:
+        cluster_method = "hdbscan" if method.startswith("hdbscan") else "fine_kmeans"
+        config = ClusterSelectConfig(cluster_method=cluster_method, data_fraction=0.3, cluster_sample_size=sample_size)
+        result = cluster_features(x, config)
+        labels = result.labels
+        extra.update(n_clusters=int(result.n_clusters), noise_fraction=float(result.n_noise / n),
+                     sampled_rows=result.params.get("sampled_rows"))
+    seconds = time.perf_counter() - start
+    score = homogeneity_score if "kmeans" in method else adjusted_rand_score
+    queue.put(dict(method=method, n=n, seconds=seconds, truth_agreement=float(score(truth, labels)),
+                   agreement_kind="homogeneity" if "kmeans" in method else "ARI",
+                   peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, labels=labels, **extra))
+
+
+def run_cell(method: str, n: int, sample_size, timeout: float) -> dict:
+    """One cell in a fresh child process (peak memory is that cell's); `timed_out` after `timeout` seconds."""
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=_cell, args=(queue, method, n, sample_size))
+    process.start()
+    try:
+        return queue.get(timeout=timeout)
+    except Exception:  # queue.Empty: the cell ran past its limit
+        return dict(method=method, n=n, timed_out=True, seconds=timeout)
+    finally:
+        process.terminate()
+        process.join()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--exact-limit", type=int, default=100_000, help="largest n for the exact fits")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per cell")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "cluster_scale.json"))
+    args = parser.parse_args(argv)
+    from hf_cluster_select import ClusterSelectConfig
+    from sklearn.metrics import adjusted_rand_score
+
+    sample_size = ClusterSelectConfig().cluster_sample_size
+    cells = []
+    for n in args.sizes:
+        exact = {}
+        plan = [("hdbscan_exact", None), ("fine_kmeans_exact", None)] if n <= args.exact_limit else []
+        plan += [("hdbscan_sampled", sample_size), ("hdbscan_approximate_predict", sample_size),
+                 ("fine_kmeans", sample_size)]
+        for method, size in plan:
+            cell = run_cell(method, n, size, args.timeout)
+            labels = cell.pop("labels", None)
+            if method.endswith("_exact") and labels is not None:
+                exact[method.split("_exact")[0]] = labels
+            base = exact.get("hdbscan" if method.startswith("hdbscan") else "fine_kmeans")
+            if labels is not None and base is not None and not method.endswith("_exact"):
+                cell["ari_with_exact_fit"] = float(adjusted_rand_score(base, labels))
+            cells.append(cell)
+            print(json.dumps(cell), flush=True)
+    out = {"what": "clustering seconds, peak memory and agreement at scale (Gaussian mixture, 40 components, 32 dims)",
+           "cluster_sample_size": sample_size, "cells": cells,
+           "environment": {"python": platform.python_version(), "cpu_count": os.cpu_count(),
+                           "commit": os.popen(f"git -C {ROOT} rev-parse --short HEAD").read().strip()}}
+    if not args.quick:
+        os.makedirs(os.path.dirname(args.out), exist_ok=True)
+        with open(args.out, "w", encoding="utf-8") as handle:
+            json.dump(out, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""Clustering at scale: fit on a seeded sample, nearest exemplar for the rest; coarse-then-fine KMeans."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.metrics import adjusted_rand_score
+
+from hf_cluster_select import ClusterSelectConfig
+from hf_cluster_select.selection import cluster_features
+from hf_cluster_select.selection.sampled import exemplars_of, nearest_labels, seeded_sample
+
+
+def mixture(n: int, k: int = 6, dim: int = 12, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(k, dim)) * 4
+    truth = rng.integers(0, k, size=n)
+    return centres[truth] + rng.normal(size=(n, dim)), truth
+
+
+def test_nearest_labels_by_blocks():
+    """The label of the nearest exemplar, the same whatever the block size; ties go to the first exemplar."""
+    exemplars = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]])
+    points = np.array([[1.0, 1.0], [9.0, -1.0], [-1.0, 8.0], [5.0, 0.0]])
+    labels = np.array([7, 8, 9])
+    assert nearest_labels(points, exemplars, labels).tolist() == [7, 8, 9, 7]
+    assert nearest_labels(points, exemplars, labels, block=1).tolist() == [7, 8, 9, 7]
+
+
+def test_seeded_sample_and_exemplars():
+    assert seeded_sample(100, None, 0) is None and seeded_sample(100, 100, 0) is None
+    a, b = seeded_sample(1000, 50, 3), seeded_sample(1000, 50, 3)
+    assert np.array_equal(a, b) and a.size == 50 and np.all(np.diff(a) > 0)
+    points = np.arange(20, dtype=float)[:, None]
+    labels = np.array([0] * 10 + [1] * 5 + [-1] * 5)
+    rows, row_labels = exemplars_of(points, labels, seed=0, per_cluster=4)
+    assert np.bincount(row_labels).tolist() == [4, 4] and -1 not in row_labels.tolist()
+
+
+def test_hdbscan_on_a_sample_recovers_the_full_fit():
+    """3,000 rows of 6 separated components: HDBSCAN on a 600-row sample plus nearest-exemplar assignment agrees
+    with the truth as well as the fit on every row, and every row gets a cluster."""
+    x, truth = mixture(3000)
+    full = cluster_features(x, ClusterSelectConfig(cluster_method="hdbscan", cluster_sample_size=None))
+    sampled = cluster_features(x, ClusterSelectConfig(cluster_method="hdbscan", cluster_sample_size=600))
+    assert sampled.params["sampled_rows"] == 600 and "sampled_rows" not in full.params
+    assert adjusted_rand_score(truth, full.labels) > 0.95
+    assert adjusted_rand_score(truth, sampled.labels) > 0.95
+    assert adjusted_rand_score(full.labels, sampled.labels) > 0.95
+    assert sampled.labels.shape == (3000,) and sampled.labels.min() == 0
+
+
+def test_fine_kmeans_two_level_has_about_k_clusters():
+    """Above the sample size, fine_kmeans finds K = budget / kept_per_cluster clusters coarse-then-fine; each
+    true component is split, never merged with another (homogeneous clusters)."""
+    x, truth = mixture(4000, k=5)
+    config = ClusterSelectConfig(data_fraction=0.1, cluster_sample_size=500)  # budget 400 -> K = 100
+    result = cluster_features(x, config)
+    assert result.params["assignment"] == "two_level_kmeans" and result.params["sampled_rows"] == 500
+    assert 90 <= result.n_clusters <= 100
+    purity = sum(np.bincount(truth[result.labels == c]).max() for c in range(result.n_clusters)) / truth.size
+    assert purity > 0.99
+    small = cluster_features(x[:400], ClusterSelectConfig(data_fraction=0.1, cluster_sample_size=500))
+    assert "assignment" not in small.params  # below the size: the exact fit, unchanged
+
+
+def test_kmeans_on_a_sample():
+    x, truth = mixture(2000, k=3)
+    result = cluster_features(x, ClusterSelectConfig(cluster_method="kmeans", kmeans_n_clusters=3,
+                                                     cluster_sample_size=300))
+    assert result.params["sampled_rows"] == 300 and adjusted_rand_score(truth, result.labels) > 0.95
+
+
+@pytest.mark.parametrize("size", [0, 99, 2.5, True])
+def test_cluster_sample_size_validated(size):
+    with pytest.raises((ValueError, TypeError), match="cluster_sample_size"):
+        ClusterSelectConfig(cluster_sample_size=size)
