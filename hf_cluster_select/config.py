@@ -83,6 +83,11 @@ class ClusterSelectConfig:
         default=None,
         metadata={"help": "Examples per forward pass during feature extraction; None = per-device eval batch size."},
     )
+    feature_layers: int | None = field(
+        default=None,
+        metadata={"help": "Features from only the first k transformer blocks of the model (then its final norm and "
+                  "head): a cheaper proxy, about k / n_layers of the feature pass; None = all blocks."},
+    )
     cluster_method: str = field(
         default="fine_kmeans",
         metadata={
@@ -189,6 +194,7 @@ class ClusterSelectConfig:
             ("kmeans_n_clusters", 2),
             ("kept_per_cluster", 1),
             ("cluster_sample_size", 100),
+            ("feature_layers", 1),
         ):
             value = getattr(self, name)
             if value is None:

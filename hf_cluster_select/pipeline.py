@@ -17,6 +17,7 @@ from ._types import ClusteringResult, Selection
 from .clock import PhaseClock
 from .config import ClusterSelectConfig
 from .features import FEATURES
+from .features.proxy import truncated_layers
 from .reporting.report import SelectionReport
 from .schedule import StepPlan
 from .selection import cluster_features, select_subset
@@ -85,18 +86,19 @@ def select_with_model(
     n = plan.n_examples
     local = distributed.shard_indices(n, distributed.world_size(), distributed.rank())
     clock.start("features")
-    output = FEATURES.get(config.feature)(
-        model,
-        dataset,
-        local,
-        collator,
-        batch_size=batch_size,
-        lengths=[int(lengths[i]) for i in local],
-        projection_dim=config.projection_dim,
-        projection_seed=config.seed,
-        show_progress=show_progress,
-        shift_labels=shift_labels,
-    )
+    with truncated_layers(model, config.feature_layers):
+        output = FEATURES.get(config.feature)(
+            model,
+            dataset,
+            local,
+            collator,
+            batch_size=batch_size,
+            lengths=[int(lengths[i]) for i in local],
+            projection_dim=config.projection_dim,
+            projection_seed=config.seed,
+            show_progress=show_progress,
+            shift_labels=shift_labels,
+        )
     features = distributed.gather_rows(output.features, local, n)
     loss_tokens = distributed.gather_rows(output.loss_tokens.reshape(-1, 1), local, n).reshape(-1).numpy()
     norms, losses = (None if v is None else distributed.gather_rows(v.reshape(-1, 1), local, n).reshape(-1).numpy()
@@ -116,6 +118,8 @@ def select_with_model(
             tokens_total=int(loss_tokens.sum()),
             tokens_kept=int(loss_tokens[chosen.indices].sum()),
             token_kind="loss",
+            input_tokens_total=int(np.asarray(lengths, dtype=np.int64).sum()),
+            input_tokens_kept=int(np.asarray(lengths, dtype=np.int64)[chosen.indices].sum()),
             world_size=plan.world_size,
             per_device_train_batch_size=plan.per_device_batch_size,
             gradient_accumulation_steps=plan.gradient_accumulation_steps,
@@ -147,6 +151,7 @@ def keep_everything(config: ClusterSelectConfig, plan: StepPlan, lengths: Sequen
     tokens = int(np.asarray(lengths, dtype=np.int64).sum())
     report = SelectionReport.from_results(
         result, chosen, config, tokens_total=tokens, tokens_kept=tokens, token_kind="input",
+        input_tokens_total=tokens, input_tokens_kept=tokens,
         world_size=plan.world_size, per_device_train_batch_size=plan.per_device_batch_size,
         gradient_accumulation_steps=plan.gradient_accumulation_steps, warmup_steps=plan.warmup_steps,
         selected_steps=plan.selected_steps, full_data_steps=plan.full_data_steps,

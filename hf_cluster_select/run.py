@@ -14,6 +14,7 @@ and its samplers into DataLoaders. It is tested in milliseconds without a Traine
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -29,6 +30,18 @@ from .pipeline import select_with_model
 from .reporting.report import SelectionReport
 from .schedule import StepPlan, plan_steps, resolve_warmup_steps
 from .selection.budget import selection_budget
+
+
+def _warn_if_subset_unseen(plan: StepPlan, config: ClusterSelectConfig) -> None:
+    """Warn when `max_steps` ends training before one pass over the kept set: the feature pass and clustering then
+    pay for examples that are never trained on (a smaller `data_fraction` would select for the steps there are)."""
+    if plan.selected_steps_per_epoch and plan.selected_steps < plan.selected_steps_per_epoch:
+        seen = min(plan.n_kept, plan.selected_steps * plan.global_batch_size)
+        warnings.warn(
+            f"max_steps leaves {plan.selected_steps} optimizer steps after the warm-up, fewer than one pass over the "
+            f"{plan.n_kept} kept examples ({plan.selected_steps_per_epoch} steps): about {seen} of them will be "
+            f"trained on, yet features are computed for all {plan.n_examples}. Lower data_fraction (to about "
+            f"{max(seen, 1) / plan.n_examples:.3g}) or raise max_steps.", UserWarning, stacklevel=3)
 
 
 class SelectionRun:
@@ -87,6 +100,7 @@ class SelectionRun:
         n = int(self.lengths.size)
         n_kept = selection_budget(n, config.data_fraction)
         self.plan: StepPlan = self._plan(n_kept, self._warmup_steps(n, n_kept, lr_warmup_steps))
+        _warn_if_subset_unseen(self.plan, config)
         self.fingerprint = data_fingerprint(self.lengths)
         self.selection: Selection | None = None
         self.labels: np.ndarray | None = None  # cluster of every example

@@ -46,6 +46,25 @@ def test_estimate_savings_from_run_throughput_exact():
     )
 
 
+def test_estimate_savings_scales_selected_steps_by_example_length():
+    """The issue's case: 20 rows of 10 tokens and 4 of 2,102 tokens; the selection kept the long rows (7 of 24,
+    with 4 long), so its steps are slower than full-data steps would be. The length ratio corrects the estimate."""
+    lengths = [10] * 20 + [2102] * 4
+    kept = [10] * 3 + [2102] * 4
+    report = make_report(n_examples=24, n_kept=7, input_tokens_total=sum(lengths), input_tokens_kept=sum(kept),
+                         labels=[], raw_labels=[], kept_indices=[], weights=[], warmup_steps=0, warmup_seconds=0.0,
+                         selected_steps=4, full_data_steps=12, training_seconds=8.0, selection_seconds=1.0)
+    ratio = (sum(lengths) / 24) / (sum(kept) / 7)
+    assert report.length_ratio() == pytest.approx(ratio) and ratio < 0.3
+    out = report.apply_savings()
+    assert out["full_data_seconds"] == pytest.approx(8.0 * ratio / 4 * 12)  # 2 s/step × ratio × 12 steps
+    assert out["seconds_saved"] < 0  # selection saved nothing here, and the estimate says so
+    assert "scaled by" in out["full_data_seconds_basis"]
+    with pytest.raises(ValueError, match="length_ratio"):
+        estimate_savings(warmup_seconds=0, warmup_steps=0, selected_steps=1, full_data_steps=2,
+                         selection_seconds=0, training_seconds=1, length_ratio=0.0)
+
+
 def test_estimate_savings_without_warmup():
     out = estimate_savings(
         warmup_seconds=0.0, warmup_steps=0, selected_steps=300, full_data_steps=1000,

@@ -97,3 +97,14 @@ def test_strata_must_cover_every_example():
     assert make_run(strata=["a"] * 40).strata == ["a"] * 40
     with pytest.raises(ValueError, match="one value per example"):
         make_run(strata=["a"] * 39)
+
+
+def test_warns_when_max_steps_ends_before_one_pass_over_the_subset():
+    """20 kept examples, 4 per step: 5 steps per pass. max_steps = 3 warm-up + 2 leaves 8 of them trained on."""
+    with pytest.warns(UserWarning, match=r"about 8 of them will be trained on.*data_fraction \(to about 0\.2\)"):
+        make_run(max_steps=5)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_run(max_steps=8)  # 5 selected steps: one whole pass, no warning

@@ -129,7 +129,12 @@ def test_report_and_model_card(tmp_path, tiny_lm, lm_dataset, collator):
     for key in ("warmup_seconds", "features_seconds", "clustering_seconds", "training_seconds"):
         assert report[key] > 0
     assert report["full_data_steps"] == 48 and "estimated" in report["full_data_seconds_basis"]
-    per_step = (report["warmup_seconds"] + report["training_seconds"]) / 27
+    lengths = [len(row["input_ids"]) for row in lm_dataset]
+    kept = [lengths[i] for i in report["kept_indices"]]
+    assert report["input_tokens_total"] == sum(lengths) and report["input_tokens_kept"] == sum(kept)
+    ratio = (sum(lengths) / len(lengths)) / (sum(kept) / len(kept))  # steps of longer examples cost more
+    assert ratio != pytest.approx(1.0, abs=1e-3)
+    per_step = (report["warmup_seconds"] + report["training_seconds"] * ratio) / 27
     assert report["full_data_seconds"] == pytest.approx(per_step * 48)
     assert report["seconds_saved"] == pytest.approx(
         per_step * 48 - report["warmup_seconds"] - report["selection_seconds"] - report["training_seconds"])

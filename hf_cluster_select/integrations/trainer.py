@@ -35,6 +35,7 @@ from ..validation import check_map_style, check_train_dataset, check_training_in
 from ..weighting import weighted_loss
 from . import compat
 from .callbacks import ClusterSelectCallback
+from .feature_model import load_feature_model
 
 compat.warn_if_untested()
 
@@ -54,23 +55,32 @@ class ClusterSelectMixin:
 
     Args:
         cluster_config (`ClusterSelectConfig`, *optional*): selection settings; defaults to `ClusterSelectConfig()`.
+        feature_model (`torch.nn.Module` or `str`, *optional*): the model the features come from instead of the
+            trained one — a smaller model that shares the tokenizer (and, for classification, the label set), or
+            the path of one (loaded with the trained model's class, `from_pretrained`). It is used as given (not
+            warmed up), in eval mode, moved to the training device. `None` = the trained model (after the warm-up);
+            `cluster_config.feature_layers` applies to whichever model it is.
         *args, **kwargs: everything the underlying trainer takes, unchanged.
     Attributes:
         selection_run (`SelectionRun` or `None`): the current `train()` call's plan, selection, weights, samplers.
     Raises:
-        TypeError: if `cluster_config` is not a `ClusterSelectConfig`.
-        ValueError: from `train()`, before any model work, for a dataset without `__len__`, an empty dataset, a
+        TypeError: if `cluster_config` is not a `ClusterSelectConfig`, or `feature_model` is neither a module nor a
+            path.
+        ValueError: if `feature_model` is a path without a `config.json`, or its vocabulary is smaller than the
+            trained model's. From `train()`, before any model work, for a dataset without `__len__`, an empty dataset, a
             dataset or subset smaller than one global batch, `warmup_steps` not below the planned steps, examples
             without the columns the collator needs, no loss-bearing label at all, or an incomplete checkpoint to
             resume from (see `validation.py`, `persistence.resolve_resume_checkpoint`).
         ImportError: from `train()`, before any model work, if `cluster_method="hdbscan"` and `hdbscan` is broken.
     """
 
-    def __init__(self, *args: Any, cluster_config: ClusterSelectConfig | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, cluster_config: ClusterSelectConfig | None = None,
+                 feature_model: torch.nn.Module | str | None = None, **kwargs: Any) -> None:
         cluster_config = ClusterSelectConfig() if cluster_config is None else cluster_config
         if not isinstance(cluster_config, ClusterSelectConfig):
             raise TypeError(f"`cluster_config` must be a ClusterSelectConfig, got {type(cluster_config).__name__}.")
         self.cluster_config = cluster_config
+        self.feature_model = load_feature_model(feature_model, kwargs.get("model", args[0] if args else None))
         check_map_style(kwargs.get("train_dataset", args[3] if len(args) > 3 else None))  # before Trainer's own check
         self.selection_run: SelectionRun | None = None
         self._cs_subset_sampler = self._cs_subset_loader = None  # the prepared loader of the run's subset sampler
@@ -274,8 +284,11 @@ class ClusterSelectMixin:
             if config is not None and callable(getattr(config, "get_text_config", None)):
                 config = config.get_text_config()
             collator = LossTokensCollator(collator, bos_token_id=getattr(config, "bos_token_id", None))
+        source = self.accelerator.unwrap_model(model if model is not None else self.model)
+        if self.feature_model is not None:
+            source = self.feature_model.to(self.args.device)
         run.select(
-            self.accelerator.unwrap_model(model if model is not None else self.model), dataset, collator,
+            source, dataset, collator,
             batch_size=self.cluster_config.feature_batch_size or self.args.per_device_eval_batch_size,
             show_progress=self.is_world_process_zero() and not self.args.disable_tqdm,
         )

@@ -57,12 +57,15 @@ def estimate_savings(
     selection_seconds: float,
     training_seconds: float,
     measured_full_seconds: float | None = None,
+    length_ratio: float | None = None,
 ) -> dict[str, Any]:
     """Wall-clock time saved by selection against full-data training with the same recipe.
 
     The full-data time is `measured_full_seconds` when the caller ran it, otherwise it is estimated from this run's
-    measured throughput: (warm-up seconds + post-selection training seconds) / (warm-up steps + selected steps) × the
-    number of steps full-data training would take. Averaging over every optimizer step of the run keeps the estimate
+    measured throughput: (warm-up seconds + post-selection training seconds × `length_ratio`) / (warm-up steps +
+    selected steps) × the number of steps full-data training would take. `length_ratio` = mean input tokens of a
+    full-data example / of a kept example: a step holds the same number of examples in both runs, so its cost
+    scales with their length (a selection of long examples has slower steps than full-data training would). Averaging over every optimizer step of the run keeps the estimate
     stable (a few warm-up steps alone, first-step overhead included, swung it by tens of percent); the steps of the
     subset may be longer or shorter than average, and token-balanced batches pad less than the stock sampler, so a
     measured full-data run (`measured_full_seconds`) is the reference when it matters.
@@ -75,6 +78,8 @@ def estimate_savings(
         selection_seconds (`float`): measured seconds of feature extraction + clustering + choosing.
         training_seconds (`float`): measured seconds of post-selection training.
         measured_full_seconds (`float`, *optional*): measured seconds of a full-data run, if one was made.
+        length_ratio (`float`, *optional*): mean input tokens per full-data example / per kept example (> 0);
+            `None` = 1.
     Returns:
         `dict` with `seconds_per_step` (`float` or `None`), `full_data_seconds`, `full_data_seconds_basis` (`"measured"`
         or `"estimated from this run's measured throughput (X s/step over M optimizer steps × N full-data steps)"`),
@@ -93,15 +98,20 @@ def estimate_savings(
     for name, value in numbers.items():
         if value is None or not math.isfinite(float(value)) or float(value) < 0:
             raise ValueError(f"`{name}` must be a finite number >= 0, got {value!r}.")
+    if length_ratio is not None and not (math.isfinite(float(length_ratio)) and float(length_ratio) > 0):
+        raise ValueError(f"`length_ratio` must be a finite number > 0, got {length_ratio!r}.")
+    ratio = 1.0 if length_ratio is None else float(length_ratio)
     steps = int(warmup_steps) + int(selected_steps)
-    seconds_per_step = (float(warmup_seconds) + float(training_seconds)) / steps if steps else None
+    seconds_per_step = (float(warmup_seconds) + float(training_seconds) * ratio) / steps if steps else None
     if measured_full_seconds is not None:
         full, basis = float(measured_full_seconds), MEASURED
     elif seconds_per_step is not None:
         full = seconds_per_step * full_data_steps
         basis = (
             f"estimated from this run's measured throughput ({seconds_per_step:.4g} s/step over {steps:,} optimizer "
-            f"steps × {int(full_data_steps):,} full-data steps)"
+            f"steps × {int(full_data_steps):,} full-data steps"
+            + (f"; selected steps scaled by {ratio:.3g}, the full data's mean input tokens per example over the kept "
+               "set's)" if length_ratio is not None else ")")
         )
     else:
         raise ValueError("Cannot estimate the full-data time: `warmup_steps` and `selected_steps` are both 0.")
@@ -146,6 +156,8 @@ class SelectionReport:
         full_data_seconds (`float` seconds or `None`) and full_data_seconds_basis (`str` or `None`): the full-data
             time compared against and whether it was measured or estimated (see `estimate_savings`).
         seconds_saved (`float` seconds), fraction_saved (`float`, share of full_data_seconds), or `None`.
+        input_tokens_total, input_tokens_kept (`int` or `None`): all input tokens (prompt included) of all / kept
+            examples: what a step costs; they scale the estimated full-data time (`estimate_savings`).
     """
 
     n_examples: int
@@ -186,6 +198,8 @@ class SelectionReport:
     seconds_saved: float | None = None
     fraction_saved: float | None = None
     n_dropped_by_preparation: int | None = None
+    input_tokens_total: int | None = None
+    input_tokens_kept: int | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -256,7 +270,7 @@ class SelectionReport:
             warmup_seconds=self.warmup_seconds or 0.0, warmup_steps=self.warmup_steps or 0,
             selected_steps=self.selected_steps, full_data_steps=self.full_data_steps,
             selection_seconds=self.selection_seconds, training_seconds=self.training_seconds,
-            measured_full_seconds=measured_full_seconds,
+            measured_full_seconds=measured_full_seconds, length_ratio=self.length_ratio(),
         )
         self.full_data_seconds = out["full_data_seconds"]
         self.full_data_seconds_basis = out["full_data_seconds_basis"]
@@ -264,6 +278,12 @@ class SelectionReport:
         if self.total_seconds is None:
             self.total_seconds = out["our_seconds"]
         return out
+
+    def length_ratio(self) -> float | None:
+        """Mean input tokens per example of the full data over that of the kept set, `None` when not counted."""
+        if not (self.input_tokens_total and self.input_tokens_kept and self.n_kept and self.n_examples):
+            return None
+        return (self.input_tokens_total / self.n_examples) / (self.input_tokens_kept / self.n_kept)
 
     def summary_metrics(self) -> dict[str, float]:
         """Scalar figures for `Trainer.log`, keys prefixed `cluster_select/`; fields still `None` are left out."""

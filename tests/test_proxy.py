@@ -1,0 +1,106 @@
+"""Cheaper feature models: the first k blocks of the trained model (`feature_layers`) and `feature_model=`."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import tiny_assets
+import torch
+from transformers import LlamaForCausalLM, TrainingArguments
+
+from hf_cluster_select import ClusterSelectConfig, ClusterTrainer
+from hf_cluster_select.features import FEATURES, badge_features
+from hf_cluster_select.features.proxy import find_layer_list, truncated_layers
+
+
+def deep_lm(tokenizer, layers: int = 4) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM(tiny_assets.llama_config(len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                                                     num_hidden_layers=layers)).eval()
+
+
+def test_truncated_layers_equal_a_shallow_model(tokenizer, lm_dataset, collator):
+    """Features of the first 2 of 4 blocks equal those of a 2-block model holding the same weights (the same final
+    norm and head), and the model has all 4 blocks again afterwards."""
+    deep = deep_lm(tokenizer)
+    shallow = LlamaForCausalLM(tiny_assets.llama_config(len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                                                        num_hidden_layers=2)).eval()
+    missing = shallow.load_state_dict(deep.state_dict(), strict=False)
+    assert not missing.missing_keys  # layers 2-3 of `deep` are the only extra keys
+    rows = list(range(12))
+    with truncated_layers(deep, 2):
+        assert len(find_layer_list(deep)[2]) == 2
+        ours = badge_features(deep, lm_dataset, rows, collator, batch_size=4, show_progress=False)
+    theirs = badge_features(shallow, lm_dataset, rows, collator, batch_size=4, show_progress=False)
+    assert torch.allclose(ours.features, theirs.features, atol=1e-5)
+    assert torch.allclose(ours.losses, theirs.losses, atol=1e-5)
+    assert len(find_layer_list(deep)[2]) == 4
+    full = badge_features(deep, lm_dataset, rows, collator, batch_size=4, show_progress=False)
+    assert not torch.allclose(full.features, ours.features, atol=1e-3)
+
+
+def test_truncated_layers_restores_after_an_error_and_checks(tokenizer):
+    deep = deep_lm(tokenizer)
+    with pytest.raises(RuntimeError, match="boom"):
+        with truncated_layers(deep, 1):
+            raise RuntimeError("boom")
+    assert len(deep.model.layers) == 4
+    with truncated_layers(deep, 9) as same:  # more than there are: unchanged
+        assert len(same.model.layers) == 4
+    with pytest.raises(ValueError, match="feature_layers"):
+        with truncated_layers(deep, 0):
+            pass
+    with pytest.raises(ValueError, match="feature_layers"):
+        ClusterSelectConfig(feature_layers=0)
+
+
+def _trainer(tmp_path, model, lm_dataset, collator, **kwargs):
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, num_train_epochs=1,
+                             report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, warmup_steps=0)
+    return ClusterTrainer(model=model, args=args, train_dataset=lm_dataset, data_collator=collator,
+                          cluster_config=ClusterSelectConfig(data_fraction=0.5, warmup_steps=0), **kwargs)
+
+
+def test_feature_model_is_the_one_features_come_from(tmp_path, tokenizer, tiny_lm, lm_dataset, collator,
+                                                     monkeypatch):
+    """`feature_model=` (a module, or a saved folder) is what the feature signal receives; the trained model is
+    trained on the selection."""
+    seen = []
+    name = ClusterSelectConfig().feature
+    original = FEATURES.get(name)
+    monkeypatch.setitem(FEATURES._entries, name, lambda model, *a, **k: (seen.append(model), original(model, *a, **k))[1])
+    proxy = deep_lm(tokenizer, layers=1)
+    trainer = _trainer(tmp_path / "a", tiny_lm, lm_dataset, collator, feature_model=proxy)
+    trainer.train()
+    assert seen == [proxy] and trainer.selection.n_kept == 48
+    proxy.save_pretrained(tmp_path / "proxy")
+    trainer = _trainer(tmp_path / "b", copy.deepcopy(tiny_lm), lm_dataset, collator,
+                       feature_model=str(tmp_path / "proxy"))
+    assert isinstance(trainer.feature_model, LlamaForCausalLM)
+    assert len(trainer.feature_model.model.layers) == 1 and not trainer.feature_model.training
+
+
+def test_feature_model_errors(tmp_path, tokenizer, tiny_lm, lm_dataset, collator):
+    with pytest.raises(ValueError, match="config.json"):
+        _trainer(tmp_path, tiny_lm, lm_dataset, collator, feature_model=str(tmp_path / "missing"))
+    with pytest.raises(TypeError, match="feature_model"):
+        _trainer(tmp_path, tiny_lm, lm_dataset, collator, feature_model=3)
+    small_vocab = LlamaForCausalLM(tiny_assets.llama_config(8, num_hidden_layers=1))
+    with pytest.raises(ValueError, match="share the tokenizer"):
+        _trainer(tmp_path, tiny_lm, lm_dataset, collator, feature_model=small_vocab)
+
+
+def test_feature_layers_in_a_training_run(tmp_path, tiny_lm, lm_dataset, collator, monkeypatch):
+    """`ClusterSelectConfig(feature_layers=1)`: the feature pass sees 1 of the 2 blocks; training uses both."""
+    depth = []
+    name = ClusterSelectConfig().feature
+    original = FEATURES.get(name)
+    monkeypatch.setitem(FEATURES._entries, name,
+                        lambda model, *a, **k: (depth.append(len(model.model.layers)), original(model, *a, **k))[1])
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, num_train_epochs=1,
+                             report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, warmup_steps=0)
+    trainer = ClusterTrainer(model=tiny_lm, args=args, train_dataset=lm_dataset, data_collator=collator,
+                             cluster_config=ClusterSelectConfig(data_fraction=0.5, warmup_steps=0, feature_layers=1))
+    trainer.train()
+    assert depth == [1] and len(trainer.model.model.layers) == 2
