@@ -32,18 +32,33 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 logger = logging.getLogger(__name__)
 
 
-def data_fingerprint(lengths: np.ndarray) -> str:
-    """SHA-1 of the example count and per-example lengths: changes when the training data changes.
+def data_fingerprint(lengths: np.ndarray, tokens: str | None = None) -> str:
+    """SHA-1 of the example count, the per-example lengths and (when given) a digest of the tokens themselves
+    (`data.token_digest`): changes when the training data changes, also for other data of the same lengths.
 
     Args:
         lengths (`np.ndarray` of shape `[n_examples]`): token length of every training example.
+        tokens (`str`, *optional*): `data.token_digest` of the training data.
     Returns:
         `str`: hex digest.
     """
     array = np.ascontiguousarray(np.asarray(lengths, dtype=np.int64))
     digest = hashlib.sha1(str(array.shape[0]).encode())
     digest.update(array.tobytes())
+    if tokens is not None:
+        digest.update(b"tokens:" + tokens.encode())
     return digest.hexdigest()
+
+
+# Config fields that do not change which examples are selected or their weights (batching only).
+NOT_SELECTION_FIELDS = frozenset({"balance_tokens", "balance_window", "feature_batch_size"})
+
+
+def config_differences(saved: dict, current: dict) -> list[str]:
+    """`field: saved in the checkpoint, current now` for every selection-relevant `ClusterSelectConfig` field that
+    differs (fields missing on one side, from another version, are skipped)."""
+    return [f"{name}: {saved[name]!r} in the checkpoint, {current[name]!r} now" for name in sorted(set(saved) & set(current))
+            if name not in NOT_SELECTION_FIELDS and saved[name] != current[name]]
 
 
 @dataclass(frozen=True)

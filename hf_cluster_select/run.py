@@ -25,7 +25,7 @@ from .batching.allocations import get_allocation
 from .batching.sampler import ClusterBatchSampler
 from .clock import PhaseClock
 from .config import ClusterSelectConfig
-from .persistence import SavedSelection, data_fingerprint, save_selection
+from .persistence import SavedSelection, config_differences, data_fingerprint, save_selection
 from .pipeline import select_with_model
 from .reporting.report import SelectionReport
 from .schedule import StepPlan, plan_steps, resolve_warmup_steps
@@ -60,6 +60,8 @@ class SelectionRun:
         shift_labels (`bool`, *optional*, defaults to `True`): whether position `t` predicts `labels[t + 1]` (causal
             LM). Decided once, here; features, validation and the weighted loss all read `self.shift_labels`.
         strata (sequence of length `n_examples`, *optional*): `config.stratify_column`'s value of every example.
+        token_digest (`str`, *optional*): `data.token_digest` of the training data, so that resuming with other data
+            of the same lengths is refused (the fingerprint covers the tokens, not only the lengths).
         clock (`PhaseClock`, *optional*): the run's clock (a fresh one by default).
     Raises:
         ValueError: for a plan that cannot run (see `schedule.plan_steps`) or an allocation that cannot run on this
@@ -79,6 +81,7 @@ class SelectionRun:
         lr_warmup_steps: float = 0,
         shift_labels: bool = True,
         strata: Sequence[Any] | None = None,
+        token_digest: str | None = None,
         clock: PhaseClock | None = None,
     ) -> None:
         if not isinstance(config, ClusterSelectConfig):
@@ -101,7 +104,8 @@ class SelectionRun:
         n_kept = selection_budget(n, config.data_fraction)
         self.plan: StepPlan = self._plan(n_kept, self._warmup_steps(n, n_kept, lr_warmup_steps))
         _warn_if_subset_unseen(self.plan, config)
-        self.fingerprint = data_fingerprint(self.lengths)
+        self.fingerprint = data_fingerprint(self.lengths, token_digest)
+        self._legacy_fingerprint = data_fingerprint(self.lengths)  # v0.1 checkpoints: lengths only
         self.selection: Selection | None = None
         self.labels: np.ndarray | None = None  # cluster of every example
         self.raw_labels: np.ndarray | None = None  # clusterer label of every example (-1 = noise)
@@ -226,12 +230,20 @@ class SelectionRun:
         """`adopt` a selection loaded from a checkpoint (`persistence.load_selection`).
 
         Raises:
-            ValueError: if it was made on different training data (fingerprint of the example lengths).
+            ValueError: if it was made on different training data (fingerprint of the tokens and lengths), or with
+                a `ClusterSelectConfig` that selects differently (the fields are named).
         """
-        if saved.fingerprint != self.fingerprint:
+        if saved.fingerprint not in (self.fingerprint, self._legacy_fingerprint):
             raise ValueError(
                 "the selection saved in the checkpoint was made on different training data (fingerprint mismatch); "
                 "resume with the same `train_dataset` or start a new run."
+            )
+        changed = config_differences(saved.config or {}, self.config.to_dict())
+        if changed:
+            raise ValueError(
+                "the selection saved in the checkpoint was made with other selection settings ("
+                + "; ".join(changed) + "); resume with the same `cluster_config`, or start a new run (no "
+                "`resume_from_checkpoint`) to select again."
             )
         report = SelectionReport.from_dict(saved.extra["report"]) if saved.extra.get("report") else None
         self.adopt(saved.selection, saved.labels, saved.raw_labels, report)

@@ -108,3 +108,34 @@ def test_warns_when_max_steps_ends_before_one_pass_over_the_subset():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         make_run(max_steps=8)  # 5 selected steps: one whole pass, no warning
+
+
+def test_resume_refuses_other_tokens_and_other_selection_settings():
+    """A saved selection is reused only for the same tokens (not just the same lengths) and the same
+    selection-relevant settings; batching-only settings may change."""
+    from hf_cluster_select.data import token_digest
+    from hf_cluster_select.persistence import data_fingerprint
+
+    rows = [{"input_ids": list(range(n))} for n in LENGTHS]
+    other = [{"input_ids": [7] * n} for n in LENGTHS]  # the same lengths, other tokens
+    digest = token_digest(rows)
+    assert digest == token_digest([dict(r) for r in rows]) and digest != token_digest(other)
+    config = ClusterSelectConfig(data_fraction=0.5)
+    run = make_run(config, token_digest=digest)
+    selection = selection_of(np.arange(20), np.zeros(40))
+    zeros = np.zeros(40, dtype=np.int64)
+
+    def saved(config_dict, fingerprint=None):
+        return SavedSelection(selection, zeros, zeros, config_dict, fingerprint or run.fingerprint, {})
+
+    with pytest.raises(ValueError, match="fingerprint mismatch"):
+        run.adopt_saved(saved(config.to_dict(), data_fingerprint(np.asarray(LENGTHS), token_digest(other))))
+    changed = dict(config.to_dict(), seed=7, within_cluster="random")
+    with pytest.raises(ValueError, match=r"seed: 7 in the checkpoint, 42 now; within_cluster: 'random' in the checkpoint, 'facility_location' now"):
+        run.adopt_saved(saved(changed))
+    with pytest.raises(ValueError, match=r"data_fraction: 0\.25 in the checkpoint, 0\.5 now"):
+        run.adopt_saved(saved(dict(config.to_dict(), data_fraction=0.25)))
+    run.adopt_saved(saved(dict(config.to_dict(), balance_window=3, balance_tokens=False)))  # batching only
+    assert run.selection is selection
+    legacy = make_run(config, token_digest=digest)  # a v0.1 checkpoint: lengths-only fingerprint
+    legacy.adopt_saved(saved(config.to_dict(), data_fingerprint(np.asarray(LENGTHS))))

@@ -25,7 +25,7 @@ from transformers import GenerationMixin, Trainer
 from transformers.trainer_utils import seed_worker
 
 from ..config import ClusterSelectConfig
-from ..data import INDEX_KEY, IndexCollator, IndexedDataset, LossTokensCollator, example_lengths
+from ..data import INDEX_KEY, IndexCollator, IndexedDataset, LossTokensCollator, example_lengths, token_digest
 from ..persistence import load_selection, resolve_resume_checkpoint
 from ..reporting.outputs import write_selection_card
 from ..reporting.report import SelectionReport
@@ -124,6 +124,7 @@ class ClusterSelectMixin:
             per_device_batch_size=self._train_batch_size, gradient_accumulation_steps=args.gradient_accumulation_steps,
             num_train_epochs=args.num_train_epochs, max_steps=args.max_steps, lr_warmup_steps=args.warmup_steps,
             shift_labels=shift, strata=self._cs_strata(),  # a missing stratify_column fails now, not after warm-up
+            token_digest=token_digest(self.train_dataset),
         )
         dataset, collator = self._cs_training_view()  # hdbscan importable, collator works, some label bears a loss
         check_training_inputs(

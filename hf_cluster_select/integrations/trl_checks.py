@@ -169,7 +169,8 @@ def check_dropped(n_given: int, n_dropped: int, max_dropped_fraction: float, *, 
     if n_dropped == 0:
         return
     advice = (
-        f"Raise `max_length` (now {max_length}), shorten the prompts, use `truncation_mode='keep_end'`, or check "
+        f"Raise `max_length` (now {max_length}), shorten the prompts (TRL 1.16 deprecates "
+        "`truncation_mode='keep_end'`, which kept the answer end), or check "
         "the loss masks (`completion_only_loss`, `assistant_only_loss`)."
     )
     if n_dropped >= n_given:
