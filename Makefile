@@ -38,3 +38,7 @@ benchmarks: setup
 	$(BIN)/python benchmarks/clustering_ni.py
 	$(BIN)/python benchmarks/probe.py
 	$(BIN)/python benchmarks/quality.py
+	$(BIN)/python benchmarks/quality.py --task ni
+	$(BIN)/python benchmarks/quality.py --task mathqa --fractions 0.3 --arms full random default cfg:feature_layers=8
+	$(BIN)/python benchmarks/cluster_scale.py
+	$(BIN)/python benchmarks/overhead.py

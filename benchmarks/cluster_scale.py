@@ -11,7 +11,9 @@ distance ~8σ), so agreement with the truth (ARI) is measurable. For every size,
   rest; and `hdbscan.approximate_predict` on the same sample fit (`prediction_data=True`), for comparison;
 - `fine_kmeans_exact` (up to `--exact-limit` rows) and `fine_kmeans` (two-level above the sample size) at
   `data_fraction=0.3`, where agreement is the homogeneity of the fine clusters with the truth (each fine cluster
-  should lie inside one component).
+  should lie inside one component);
+- `fine_kmeans_memmap`: 600k rows × 1,024 dims (2.3 GiB float32) in a memory-mapped file, above the 2 GiB limit
+  where `cluster_features` reads rows in blocks; its peak memory against the size of the matrix.
 
 Each cell records wall seconds, the peak resident memory of a child process that ran only that cell (MiB), ARI /
 homogeneity with the truth, and ARI with the exact fit where it ran. Writes `benchmarks/results/cluster_scale.json`.
@@ -44,15 +46,38 @@ def mixture(n: int, dim: int = 32, k: int = 40, seed: int = 0) -> tuple[np.ndarr
     return x.astype(np.float32), truth
 
 
+MEMMAP_DIM = 1024  # the memory-mapped cell: n x 1024 float32 rows (above the 2 GiB in-memory limit at 600k)
+
+
+def memmap_mixture(n: int, path: str, dim: int = MEMMAP_DIM) -> tuple[np.ndarray, np.ndarray]:
+    """The mixture in `dim` dims written block by block to a float32 memory-mapped file (never all in RAM)."""
+    rng = np.random.default_rng(1)
+    centres = rng.normal(size=(40, dim)) * (8.0 / np.sqrt(2 * dim))
+    weights = 1.0 / np.arange(1, 41) ** 0.7
+    truth = rng.choice(40, size=n, p=weights / weights.sum())
+    mapped = np.memmap(path, dtype=np.float32, mode="w+", shape=(n, dim))
+    for start in range(0, n, 50_000):
+        part = truth[start: start + 50_000]
+        mapped[start: start + part.size] = centres[part] + rng.normal(size=(part.size, dim))
+    mapped.flush()
+    return np.memmap(path, dtype=np.float32, mode="r", shape=(n, dim)), truth
+
+
 def _cell(queue, method: str, n: int, sample_size):
     from sklearn.metrics import adjusted_rand_score, homogeneity_score
 
     from hf_cluster_select import ClusterSelectConfig
     from hf_cluster_select.selection import cluster_features
 
-    x, truth = mixture(n)
-    start = time.perf_counter()
     extra = {}
+    if method == "fine_kmeans_memmap":
+        path = f"/tmp/cluster_scale_{os.getpid()}.f32"
+        x, truth = memmap_mixture(n, path)
+        extra["feature_gib"] = x.nbytes / 2**30
+        extra["rss_before_clustering_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    else:
+        x, truth = mixture(n)
+    start = time.perf_counter()
     if method == "hdbscan_approximate_predict":
         import hdbscan
 
@@ -78,6 +103,8 @@ def _cell(queue, method: str, n: int, sample_size):
         extra.update(n_clusters=int(result.n_clusters), noise_fraction=float(result.n_noise / n),
                      sampled_rows=result.params.get("sampled_rows"))
     seconds = time.perf_counter() - start
+    if method == "fine_kmeans_memmap":
+        os.unlink(path)
     score = homogeneity_score if "kmeans" in method else adjusted_rand_score
     queue.put(dict(method=method, n=n, seconds=seconds, truth_agreement=float(score(truth, labels)),
                    agreement_kind="homogeneity" if "kmeans" in method else "ARI",
@@ -105,6 +132,8 @@ def main(argv=None) -> int:
     parser.add_argument("--exact-limit", type=int, default=100_000, help="largest n for the exact fits")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per cell")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--memmap-rows", type=int, default=600_000,
+                        help="rows of the memory-mapped 1024-dim cell (2.3 GiB at 600k); 0 = skip it")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "cluster_scale.json"))
     args = parser.parse_args(argv)
     from hf_cluster_select import ClusterSelectConfig
@@ -127,6 +156,11 @@ def main(argv=None) -> int:
                 cell["ari_with_exact_fit"] = float(adjusted_rand_score(base, labels))
             cells.append(cell)
             print(json.dumps(cell), flush=True)
+    if args.memmap_rows:
+        cell = run_cell("fine_kmeans_memmap", args.memmap_rows, sample_size, args.timeout)
+        cell.pop("labels", None)
+        cells.append(cell)
+        print(json.dumps(cell), flush=True)
     out = {"what": "clustering seconds, peak memory and agreement at scale (Gaussian mixture, 40 components, 32 dims)",
            "cluster_sample_size": sample_size, "cells": cells,
            "environment": {"python": platform.python_version(), "cpu_count": os.cpu_count(),

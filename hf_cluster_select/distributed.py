@@ -95,6 +95,8 @@ def gather_rows(local_rows: torch.Tensor, local_indices: Sequence[int], n_exampl
         torch.sort(index_tensor).values, torch.arange(n_examples, dtype=torch.int64)
     ):
         raise ValueError(f"the gathered indices do not cover range({n_examples}) exactly once.")
+    if torch.equal(index_tensor, torch.arange(n_examples, dtype=torch.int64)):
+        return rows  # already in dataset order (one process): no copy, so memory-mapped features stay on disk
     out = torch.empty((n_examples, *rows.shape[1:]), dtype=rows.dtype)
     out[index_tensor] = rows
     return out

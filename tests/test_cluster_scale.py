@@ -75,3 +75,55 @@ def test_kmeans_on_a_sample():
 def test_cluster_sample_size_validated(size):
     with pytest.raises((ValueError, TypeError), match="cluster_sample_size"):
         ClusterSelectConfig(cluster_sample_size=size)
+
+
+def test_blockwise_path_for_a_memory_mapped_matrix(tmp_path, monkeypatch):
+    """Above LARGE_INPUT_BYTES the rows are read in blocks from a memory-mapped file: duplicates still share a
+    duplicate group, a NaN row is screened out, and the clusters are the in-memory path's."""
+    from hf_cluster_select.selection import clustering
+
+    x, truth = mixture(1200, k=4)
+    x[10] = x[11]  # an exact duplicate
+    x[20] = np.nan
+    path = tmp_path / "features.f32"
+    mapped = np.memmap(path, dtype=np.float32, mode="w+", shape=x.shape)
+    mapped[:] = x
+    config = ClusterSelectConfig(cluster_method="hdbscan")
+    in_memory = cluster_features(np.asarray(x), config)
+    monkeypatch.setattr(clustering, "LARGE_INPUT_BYTES", 1024)
+    monkeypatch.setattr(clustering, "BLOCK_ROWS", 100)
+    blockwise = cluster_features(mapped, config)
+    assert blockwise.params["n_unique"] == in_memory.params["n_unique"] == 1198  # 1,200 − duplicate − NaN row
+    assert blockwise.groups[10] == blockwise.groups[11] and blockwise.raw_labels[20] == -2
+    keep = np.arange(1200) != 20
+    assert adjusted_rand_score(in_memory.labels[keep], blockwise.labels[keep]) > 0.99
+    assert adjusted_rand_score(truth[keep], blockwise.labels[keep]) > 0.95
+
+
+def test_feature_storage_spills_to_a_memory_mapped_file(tmp_path, monkeypatch):
+    import os
+
+    import torch
+
+    from hf_cluster_select.features.head_pass import feature_storage
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    small = feature_storage(4, 3, limit_bytes=1 << 20)
+    big = feature_storage(1000, 64, limit_bytes=1024)
+    assert isinstance(small, torch.Tensor) and float(small.abs().sum()) == 0.0
+    if os.path.exists("/proc/self/maps"):  # Linux: the tensor's memory is a (deleted) temporary file's mapping
+        pointer = big.data_ptr()
+        for line in open("/proc/self/maps"):
+            span, *rest = line.split()
+            low, high = (int(v, 16) for v in span.split("-"))
+            if low <= pointer < high:
+                assert "hf_cluster_select_features_" in line and "(deleted)" in line
+                break
+        else:
+            raise AssertionError("the feature tensor's memory is not mapped")
+    big[3] = 1.0
+    assert float(big.sum()) == 64.0 and big.shape == (1000, 64)
+    assert os.listdir(tmp_path) == []  # the file is unlinked at once: nothing left behind

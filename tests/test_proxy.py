@@ -104,3 +104,4 @@ def test_feature_layers_in_a_training_run(tmp_path, tiny_lm, lm_dataset, collato
                              cluster_config=ClusterSelectConfig(data_fraction=0.5, warmup_steps=0, feature_layers=1))
     trainer.train()
     assert depth == [1] and len(trainer.model.model.layers) == 2
+

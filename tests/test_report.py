@@ -163,6 +163,19 @@ def test_summary_metrics_prefixed_and_skips_none():
     assert "cluster_select/seconds_saved" not in metrics
 
 
+def test_summary_metrics_label_an_estimated_full_data_time():
+    report = make_report()
+    report.apply_savings()
+    metrics = report.summary_metrics()
+    assert metrics["cluster_select/full_data_seconds_estimated"] == 100.0
+    assert metrics["cluster_select/seconds_saved_estimated"] == 45.0
+    assert "cluster_select/seconds_saved" not in metrics and "cluster_select/full_data_seconds" not in metrics
+    report.apply_savings(measured_full_seconds=80.0)
+    metrics = report.summary_metrics()
+    assert metrics["cluster_select/full_data_seconds"] == 80.0 and metrics["cluster_select/seconds_saved"] == 25.0
+    assert not any(key.endswith("_estimated") for key in metrics)
+
+
 def test_from_results():
     labels = np.array([0, 0, 0, 0, 0, 1, 1, 1, 2, 2])
     clustering = ClusteringResult(

@@ -405,3 +405,20 @@ def test_stratify_column_sets_the_shares(tmp_path, tiny_lm, lm_dataset, collator
     with pytest.raises(ValueError, match="`stratify_column` 'task' is not a column"):
         missing.train()
     assert missing.state.global_step == 0
+
+
+def test_a_sampler_override_is_reported(tmp_path, tiny_lm, lm_dataset, collator):
+    """A subclass overriding `_get_train_sampler` is told the override is not used (it never would be)."""
+
+    class MySampling(ClusterTrainer):
+        def _get_train_sampler(self, train_dataset=None):
+            raise AssertionError("never called")
+
+    with pytest.warns(UserWarning, match="MySampling._get_train_sampler is not called"):
+        trainer = MySampling(model=tiny_lm, args=make_args(tmp_path),
+                             train_dataset=lm_dataset, data_collator=collator)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        ClusterTrainer(model=trainer.model, args=trainer.args, train_dataset=lm_dataset, data_collator=collator)

@@ -17,17 +17,22 @@ kept (`torch.inference_mode()`, eval mode, so gradient checkpointing does not ap
 from __future__ import annotations
 
 import contextlib
+import os
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from .head_tokens import HeadTokens, _forward_keys, head_tokens, install_hooks, resolve_head
 from .inputs import token_batches, validate_inputs
 from .projection import RandomProjection
+
+FEATURE_MEMMAP_BYTES = 1 << 31  # feature matrices above 2 GiB go to a memory-mapped file
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,8 @@ class FeatureOutput:
 
     Attributes:
         features (`torch.Tensor` of shape `[n, dim]`, float32, CPU): one row per requested index, in the order of
-            `indices`; L2-normalised when asked (a zero row for an example without any loss-bearing token).
+            `indices`; L2-normalised when asked (a zero row for an example without any loss-bearing token). Above
+            2 GiB it is backed by a memory-mapped temporary file (`feature_storage`).
         loss_tokens (`torch.Tensor` of shape `[n]`, int64): number of loss-bearing tokens of each example.
         seconds (`float`): wall-clock seconds spent in the call.
         norms (`torch.Tensor` of shape `[n]`, float32, *optional*): L2 norm of each row before normalisation.
@@ -57,6 +63,23 @@ class Signal(Protocol):
     def token_vectors(self, hidden: torch.Tensor, logits: torch.Tensor, log_p: torch.Tensor,
                       targets: torch.Tensor) -> torch.Tensor:
         """`[c, D]` vectors from head inputs `[c, H]`, logits `[c, V]` (fp32), target log-probabilities `[c]`."""
+
+
+def feature_storage(n_rows: int, dim: int, limit_bytes: int | None = None) -> torch.Tensor:
+    """A zeroed float32 `[n_rows, dim]` tensor: in RAM, or — above `limit_bytes` (default `FEATURE_MEMMAP_BYTES`,
+    env `HF_CLUSTER_SELECT_MEMMAP_BYTES`) — backed by a memory-mapped temporary file (unlinked at once, so it
+    disappears with the process; its folder is `TMPDIR`)."""
+    limit = FEATURE_MEMMAP_BYTES if limit_bytes is None else limit_bytes
+    limit = int(os.environ.get("HF_CLUSTER_SELECT_MEMMAP_BYTES", limit))
+    if n_rows * dim * 4 <= limit:
+        return torch.zeros(n_rows, dim, dtype=torch.float32)
+    handle, path = tempfile.mkstemp(prefix="hf_cluster_select_features_", suffix=".f32")
+    try:
+        array = np.memmap(path, dtype=np.float32, mode="w+", shape=(n_rows, dim))  # zero-filled
+    finally:
+        os.close(handle)
+        os.unlink(path)  # the mapping stays valid; the disk space is freed when it is released
+    return torch.from_numpy(array)
 
 
 def _batch_features(tokens: HeadTokens, signal: Signal) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -179,7 +202,8 @@ def feature_pass(
                 if normalize:
                     vectors = vectors / row_norms.clamp_min(torch.finfo(torch.float32).tiny)[:, None]
                 if features is None:
-                    features = torch.zeros(n, vectors.shape[1], dtype=torch.float32)
+                    with torch.inference_mode(False):  # a normal tensor: callers may write to it
+                        features = feature_storage(n, vectors.shape[1])
                 features[rows] = vectors.cpu()
                 loss_tokens[rows], losses[rows] = counts, batch_losses
     finally:
@@ -188,7 +212,7 @@ def feature_pass(
         for module, training in modes:
             module.training = training
     assert features is not None  # indices is non-empty
-    return FeatureOutput(features=features.clone(), loss_tokens=loss_tokens, seconds=time.perf_counter() - start_time,
+    return FeatureOutput(features=features, loss_tokens=loss_tokens, seconds=time.perf_counter() - start_time,
                          norms=norms.clone(), losses=losses.clone())
 
 

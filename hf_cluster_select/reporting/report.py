@@ -286,12 +286,20 @@ class SelectionReport:
         return (self.input_tokens_total / self.n_examples) / (self.input_tokens_kept / self.n_kept)
 
     def summary_metrics(self) -> dict[str, float]:
-        """Scalar figures for `Trainer.log`, keys prefixed `cluster_select/`; fields still `None` are left out."""
-        return {
+        """Scalar figures for `Trainer.log`, keys prefixed `cluster_select/`; fields still `None` are left out. When
+        the full-data time is estimated, its three figures are logged as `cluster_select/full_data_seconds_estimated`,
+        `seconds_saved_estimated` and `fraction_saved_estimated`, so no dashboard shows an estimate as a
+        measurement (a measured time given later updates the report and the card, not what was logged)."""
+        metrics = {
             f"cluster_select/{name}": float(getattr(self, name))
             for name in _METRIC_FIELDS
             if getattr(self, name) is not None
         }
+        if self.full_data_seconds_basis not in (None, MEASURED):
+            for name in ("full_data_seconds", "seconds_saved", "fraction_saved"):
+                if f"cluster_select/{name}" in metrics:
+                    metrics[f"cluster_select/{name}_estimated"] = metrics.pop(f"cluster_select/{name}")
+        return metrics
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON dictionary of every field."""

@@ -24,10 +24,17 @@ from .sampled import fit_on_sample, seeded_sample
 
 
 
+LARGE_INPUT_BYTES = 1 << 31  # above 2 GiB, rows are read in blocks (a memory-mapped feature matrix stays on disk)
+BLOCK_ROWS = 16384
+
+
 def _as_float_matrix(features: Any) -> np.ndarray:
-    """`features` as a float64 `[n, dim]` array, validated (NaN/inf are allowed here; see `_screen_rows`)."""
+    """`features` as a float64 `[n, dim]` array, validated (NaN/inf are allowed here; see `_screen_rows`); above
+    `LARGE_INPUT_BYTES` the float array itself (no copy: it is read in blocks)."""
     if hasattr(features, "detach"):  # torch.Tensor, without importing torch
-        features = features.detach().cpu().double().numpy()
+        features = features.detach().cpu()
+        features = features.numpy() if features.dtype.is_floating_point and features.dtype.itemsize >= 4 \
+            else features.double().numpy()
     array = np.asarray(features)
     if array.dtype == object or not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
         raise ValueError(f"`features` must hold numbers, got dtype {array.dtype}.")
@@ -35,13 +42,16 @@ def _as_float_matrix(features: Any) -> np.ndarray:
         raise ValueError(f"`features` must be 2-D `[n_examples, dim]`, got shape {tuple(array.shape)}.")
     if array.shape[0] == 0 or array.shape[1] == 0:
         raise ValueError(f"`features` must have at least one example and one dimension, got shape {array.shape}.")
+    if array.nbytes > LARGE_INPUT_BYTES and array.dtype in (np.float32, np.float64):
+        return array
     return array.astype(np.float64)
 
 
 def _screen_rows(x: np.ndarray, loss_tokens: Any) -> np.ndarray:
     """Status of every row: 0 = clusterable, `NO_LOSS_LABEL` (no loss-bearing token; takes precedence) or
     `NONFINITE_LABEL` (a NaN/inf value)."""
-    status = np.where(np.isfinite(x).all(axis=1), 0, NONFINITE_LABEL).astype(np.int64)
+    finite = np.concatenate([np.isfinite(x[s: s + BLOCK_ROWS]).all(axis=1) for s in range(0, x.shape[0], BLOCK_ROWS)])
+    status = np.where(finite, 0, NONFINITE_LABEL).astype(np.int64)
     if loss_tokens is not None:
         if hasattr(loss_tokens, "detach"):
             loss_tokens = loss_tokens.detach().cpu().numpy()
@@ -136,7 +146,8 @@ def cluster_features(
     status = _screen_rows(x, loss_tokens)
     usable = np.flatnonzero(status == 0)
     if usable.size:
-        labels_u, raw_u, reduced_u, groups_u, fallback, params = _cluster_rows(_l2_normalise(x[usable]), config,
+        distinct = _distinct_rows if x.nbytes <= LARGE_INPUT_BYTES else _distinct_rows_blockwise
+        labels_u, raw_u, reduced_u, groups_u, fallback, params = _cluster_rows(x, usable, distinct, config,
                                                                                int(world_size))
     else:
         labels_u, raw_u, reduced_u = (np.zeros(0, dtype=np.int64),) * 2 + (np.zeros((0, 1)),)
@@ -190,21 +201,56 @@ def _place_unclustered(
     return labels, raw, reduced, notes
 
 
+def _distinct_rows(x: np.ndarray, usable: np.ndarray, config: ClusterSelectConfig):
+    """L2-normalised rows `x[usable]` merged where equal to float32 precision (exact duplicates make HDBSCAN's
+    lambdas infinite) and reduced by PCA: (reduced float64 `[n_unique, d]`, counts, inverse `[n_usable]`, sample of
+    the distinct rows the fits use or `None`, PCA dimension used)."""
+    rows = _l2_normalise(x[usable])
+    unique_rows, inverse, counts = np.unique(rows.astype(np.float32), axis=0, return_inverse=True,
+                                             return_counts=True)
+    sample = seeded_sample(unique_rows.shape[0], config.cluster_sample_size, config.seed)
+    reduced, pca_used = _pca(unique_rows.astype(np.float64), config.pca_dim, config.seed, sample)
+    return reduced, counts, inverse.reshape(-1), sample, pca_used
+
+
+def _distinct_rows_blockwise(x: np.ndarray, usable: np.ndarray, config: ClusterSelectConfig):
+    """`_distinct_rows` for a matrix above `LARGE_INPUT_BYTES` (e.g. memory-mapped): rows are read, normalised and
+    hashed `BLOCK_ROWS` at a time (equal float32 rows share a 64-bit hash), PCA is fitted on a seeded sample of the
+    distinct rows (at most `cluster_sample_size`, else 20,000) and applied block by block, so only the reduced
+    `[n_unique, pca_dim]` matrix is held in memory."""
+
+    def normalised(positions: np.ndarray) -> np.ndarray:
+        return _l2_normalise(np.asarray(x[usable[positions]], dtype=np.float64))
+
+    digests = np.empty(usable.size, dtype=np.int64)
+    for start in range(0, usable.size, BLOCK_ROWS):
+        block = normalised(np.arange(start, min(start + BLOCK_ROWS, usable.size))).astype(np.float32)
+        digests[start: start + block.shape[0]] = [hash(row.tobytes()) for row in block]
+    _, first, inverse, counts = np.unique(digests, return_index=True, return_inverse=True, return_counts=True)
+    sample = seeded_sample(first.size, config.cluster_sample_size or 20000, config.seed)
+    fit_positions = first if sample is None else first[sample]
+    if config.pca_dim is None or first.size < 2:
+        return normalised(first), counts, inverse.reshape(-1), sample, None
+    from sklearn.decomposition import PCA
+
+    n_components = min(config.pca_dim, fit_positions.size - 1, x.shape[1])
+    pca = PCA(n_components=n_components, random_state=config.seed).fit(normalised(np.sort(fit_positions)))
+    reduced = np.concatenate([pca.transform(normalised(first[s: s + BLOCK_ROWS]))
+                              for s in range(0, first.size, BLOCK_ROWS)])
+    return np.ascontiguousarray(reduced, dtype=np.float64), counts, inverse.reshape(-1), sample, n_components
+
+
 def _cluster_rows(
-    x: np.ndarray, config: ClusterSelectConfig, world_size: int
+    x: np.ndarray, usable: np.ndarray, distinct, config: ClusterSelectConfig, world_size: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, str | None, dict[str, Any]]:
-    """Cluster L2-normalised finite rows `x` `[n, dim]`.
+    """Cluster the finite rows `x[usable]` (normalised, merged and reduced by `distinct`).
 
     Returns:
         (labels `[n]` in 0..K-1, raw labels `[n]`, reduced float64 `[n, d]`, distinct-row id `[n]`, fallback note or
         `None`, params).
     """
-    # Merge rows equal to float32 precision: exact duplicates make HDBSCAN's lambdas infinite.
-    unique_rows, inverse, counts = np.unique(x.astype(np.float32), axis=0, return_inverse=True, return_counts=True)
-    inverse = inverse.reshape(-1)
-    sample = seeded_sample(unique_rows.shape[0], config.cluster_sample_size, config.seed)
-    reduced, pca_used = _pca(unique_rows.astype(np.float64), config.pca_dim, config.seed, sample)
-    params: dict[str, Any] = {"pca_dim": pca_used, "n_unique": int(unique_rows.shape[0])}
+    reduced, counts, inverse, sample, pca_used = distinct(x, usable, config)
+    params: dict[str, Any] = {"pca_dim": pca_used, "n_unique": int(reduced.shape[0])}
     clusterer = CLUSTERERS.get(config.cluster_method)
     if sample is None or getattr(clusterer, "handles_scale", False):
         fit = clusterer(reduced, counts, inverse, config, world_size)
