@@ -16,14 +16,12 @@ it is then (after a warm-up on the full data, as the first call did); `resume_fr
 
 from __future__ import annotations
 
-import warnings
-
 from functools import partial
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
-from transformers import GenerationMixin, Trainer
+from transformers import Trainer
 from transformers.trainer_utils import seed_worker
 
 from ..config import ClusterSelectConfig
@@ -38,32 +36,9 @@ from ..weighting import weighted_loss
 from . import compat
 from .callbacks import ClusterSelectCallback
 from .feature_model import load_feature_model
+from .model_checks import labels_are_shifted, warn_if_sampler_overridden
 
 compat.warn_if_untested()
-
-
-def labels_are_shifted(model: torch.nn.Module) -> bool:
-    """Whether the model's loss scores `logits[:, t]` against `labels[:, t + 1]`: a decoder-only model that
-    generates (transformers' `GenerationMixin`, whatever the class is called) and is not encoder-decoder. PEFT and
-    accelerate wrappers are looked through."""
-    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
-    base = getattr(base, "module", base)
-    config = getattr(base, "config", None)
-    return isinstance(base, GenerationMixin) and not getattr(config, "is_encoder_decoder", False)
-
-
-def _warn_if_sampler_overridden(cls: type) -> None:
-    """Warn when a user's subclass overrides `_get_train_sampler`: the training loop's batches come from the cluster
-    batch sampler, so the override would never be called."""
-    owner = next((klass for klass in cls.__mro__ if "_get_train_sampler" in vars(klass)), None)
-    module = getattr(owner, "__module__", "") or ""
-    if owner is None or module.split(".")[0] in ("transformers", "trl", "hf_cluster_select"):
-        return
-    warnings.warn(
-        f"{owner.__name__}._get_train_sampler is not called: {cls.__name__} draws every batch from its cluster batch "
-        "sampler (warm-up on the full data, then the selected subset). To change the order, register an allocation "
-        "(hf_cluster_select.registry.ALLOCATIONS) and set ClusterSelectConfig(allocation=...).",
-        UserWarning, stacklevel=3)
 
 
 class ClusterSelectMixin:
@@ -101,7 +76,7 @@ class ClusterSelectMixin:
         self.selection_run: SelectionRun | None = None
         self._cs_subset_sampler = self._cs_subset_loader = None  # the prepared loader of the run's subset sampler
         super().__init__(*args, **kwargs)
-        _warn_if_sampler_overridden(type(self))
+        warn_if_sampler_overridden(type(self))
         self.cluster_callback = ClusterSelectCallback(self)
         self.add_callback(self.cluster_callback)
 
