@@ -54,11 +54,12 @@ def data_fingerprint(lengths: np.ndarray, tokens: str | None = None) -> str:
 NOT_SELECTION_FIELDS = frozenset({"balance_tokens", "balance_window", "feature_batch_size"})
 
 
-def config_differences(saved: dict, current: dict) -> list[str]:
+def config_differences(saved: dict, current: dict, ignore: tuple[str, ...] = ()) -> list[str]:
     """`field: saved in the checkpoint, current now` for every selection-relevant `ClusterSelectConfig` field that
-    differs (fields missing on one side, from another version, are skipped)."""
-    return [f"{name}: {saved[name]!r} in the checkpoint, {current[name]!r} now" for name in sorted(set(saved) & set(current))
-            if name not in NOT_SELECTION_FIELDS and saved[name] != current[name]]
+    differs (fields missing on one side, from another version, and the fields in `ignore` are skipped)."""
+    skip = NOT_SELECTION_FIELDS | set(ignore)
+    return [f"{name}: {saved[name]!r} in the checkpoint, {current[name]!r} now"
+            for name in sorted(set(saved) & set(current)) if name not in skip and saved[name] != current[name]]
 
 
 @dataclass(frozen=True)

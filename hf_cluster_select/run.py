@@ -226,8 +226,9 @@ class SelectionRun:
         self._dense_weights = dense
         self.subset_sampler = self._sampler(selection.indices, selection.labels, allocation=self.config.allocation)
 
-    def adopt_saved(self, saved: SavedSelection) -> None:
-        """`adopt` a selection loaded from a checkpoint (`persistence.load_selection`).
+    def adopt_saved(self, saved: SavedSelection, ignore: tuple[str, ...] = ()) -> None:
+        """`adopt` a selection loaded from a checkpoint (`persistence.load_selection`); the config fields in
+        `ignore` may differ (`ClusterTrainer(selection=...)` ignores `warmup_steps`: it trains without a warm-up).
 
         Raises:
             ValueError: if it was made on different training data (fingerprint of the tokens and lengths), or with
@@ -238,7 +239,7 @@ class SelectionRun:
                 "the selection saved in the checkpoint was made on different training data (fingerprint mismatch); "
                 "resume with the same `train_dataset` or start a new run."
             )
-        changed = config_differences(saved.config or {}, self.config.to_dict())
+        changed = config_differences(saved.config or {}, self.config.to_dict(), ignore)
         if changed:
             raise ValueError(
                 "the selection saved in the checkpoint was made with other selection settings ("

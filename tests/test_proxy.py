@@ -1,8 +1,10 @@
-"""Cheaper feature models: the first k blocks of the trained model (`feature_layers`) and `feature_model=`."""
+"""Cheaper or given inputs: the first k blocks (`feature_layers`), `feature_model=`, and `selection=` (reuse)."""
 
 from __future__ import annotations
 
 import copy
+
+import numpy as np
 
 import pytest
 import tiny_assets
@@ -105,3 +107,37 @@ def test_feature_layers_in_a_training_run(tmp_path, tiny_lm, lm_dataset, collato
     trainer.train()
     assert depth == [1] and len(trainer.model.model.layers) == 2
 
+
+
+def test_train_on_a_saved_selection(tmp_path, tokenizer, tiny_lm, lm_dataset, collator, monkeypatch):
+    """`ClusterTrainer(selection=folder)` trains another model on a saved selection: no warm-up, no feature pass,
+    the same kept indices and weights; other data or other selection settings are refused by name."""
+    first = _trainer(tmp_path / "a", tiny_lm, lm_dataset, collator)
+    first.train()
+    folder = str(tmp_path / "a")
+    assert (tmp_path / "a" / "cluster_selection.npz").is_file()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("no feature pass when a selection is given")
+
+    monkeypatch.setitem(FEATURES._entries, ClusterSelectConfig().feature, refuse)
+    other_model = deep_lm(tokenizer, layers=3)
+    args = TrainingArguments(output_dir=str(tmp_path / "b"), per_device_train_batch_size=4, num_train_epochs=1,
+                             report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, warmup_steps=2)
+    second = ClusterTrainer(model=other_model, args=args, train_dataset=lm_dataset, data_collator=collator,
+                            selection=folder)
+    second.train()
+    assert np.array_equal(second.selection.indices, first.selection.indices)
+    assert np.array_equal(second.selection.weights, first.selection.weights)
+    assert second.step_plan.warmup_steps == 0 and second.state.global_step == second.step_plan.total_steps == 12
+    assert second.selection_report.features_seconds == 0.0
+    with pytest.raises(ValueError, match=r"data_fraction: 0\.5 in the checkpoint, 0\.25 now"):
+        ClusterTrainer(model=other_model, args=args, train_dataset=lm_dataset, data_collator=collator,
+                       selection=folder, cluster_config=ClusterSelectConfig(data_fraction=0.25)).train()
+    with pytest.raises(ValueError, match="fingerprint mismatch"):
+        ClusterTrainer(model=other_model, args=args, train_dataset=lm_dataset.select(range(95, -1, -1)),
+                       data_collator=collator, selection=folder).train()
+    with pytest.raises(ValueError, match="no cluster_selection.npz"):
+        ClusterTrainer(model=other_model, args=args, train_dataset=lm_dataset, selection=str(tmp_path / "empty"))
+    with pytest.raises(TypeError, match="`selection` must be"):
+        ClusterTrainer(model=other_model, args=args, train_dataset=lm_dataset, selection=3)

@@ -1,4 +1,5 @@
-"""`ClusterTrainer(feature_model=...)`: features from another model than the trained one (layer L4).
+"""What a ClusterTrainer can be given instead of computing it (layer L4): `feature_model=` (features from another
+model than the trained one) and `selection=` (a saved selection, reused without any feature pass).
 
 A smaller model that shares the tokenizer makes the feature pass cheaper (S2L, Yang et al., 2024: selection with a
 100× smaller proxy); see also `features/proxy.py` for the built-in proxy (`ClusterSelectConfig.feature_layers`).
@@ -9,6 +10,8 @@ from __future__ import annotations
 import os
 
 import torch
+
+from ..persistence import SELECTION_FILENAME, SavedSelection, load_selection
 
 
 def load_feature_model(feature_model: torch.nn.Module | str | None,
@@ -37,3 +40,28 @@ def load_feature_model(feature_model: torch.nn.Module | str | None,
         raise ValueError(f"`feature_model` has a vocabulary of {theirs} tokens, the trained model {ours}: they must "
                          "share the tokenizer.")
     return feature_model.eval()
+
+
+def load_given_selection(selection) -> SavedSelection | None:
+    """`ClusterTrainer(selection=...)` loaded: a `SavedSelection` as is, or a folder holding `cluster_selection.npz`
+    (a run's `output_dir` or checkpoint), or that file's path; `None` as `None`.
+
+    Raises:
+        TypeError: for another type.
+        ValueError: if the path holds no selection file or an unreadable one.
+    """
+    if selection is None or isinstance(selection, SavedSelection):
+        return selection
+    if not isinstance(selection, (str, os.PathLike)):
+        raise TypeError("`selection` must be a folder or file saved by ClusterTrainer (cluster_selection.npz), a "
+                        f"SavedSelection or None, got {type(selection).__name__}.")
+    path = os.fspath(selection)
+    folder = os.path.dirname(path) if path.endswith(".npz") else path
+    if path.endswith(".npz") and os.path.basename(path) != SELECTION_FILENAME:
+        raise ValueError(f"`selection` file must be named {SELECTION_FILENAME}, got {path!r}.")
+    saved = load_selection(folder)
+    if saved is None:
+        raise ValueError(f"`selection`: no {SELECTION_FILENAME} in {folder!r} (a ClusterTrainer's output_dir or "
+                         "checkpoint folder holds one).")
+    return saved
+

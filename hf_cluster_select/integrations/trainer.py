@@ -16,6 +16,8 @@ it is then (after a warm-up on the full data, as the first call did); `resume_fr
 
 from __future__ import annotations
 
+import dataclasses
+
 from functools import partial
 from typing import Any
 
@@ -35,7 +37,7 @@ from ..validation import check_map_style, check_train_dataset, check_training_in
 from ..weighting import weighted_loss
 from . import compat
 from .callbacks import ClusterSelectCallback
-from .feature_model import load_feature_model
+from .feature_model import load_feature_model, load_given_selection
 from .model_checks import labels_are_shifted, warn_if_sampler_overridden
 
 compat.warn_if_untested()
@@ -66,10 +68,15 @@ class ClusterSelectMixin:
     """
 
     def __init__(self, *args: Any, cluster_config: ClusterSelectConfig | None = None,
-                 feature_model: torch.nn.Module | str | None = None, **kwargs: Any) -> None:
+                 feature_model: torch.nn.Module | str | None = None, selection: Any = None, **kwargs: Any) -> None:
+        self._cs_given_selection = load_given_selection(selection)
+        if cluster_config is None and self._cs_given_selection is not None:  # train with the saved settings
+            cluster_config = ClusterSelectConfig.from_dict(self._cs_given_selection.config)
         cluster_config = ClusterSelectConfig() if cluster_config is None else cluster_config
         if not isinstance(cluster_config, ClusterSelectConfig):
             raise TypeError(f"`cluster_config` must be a ClusterSelectConfig, got {type(cluster_config).__name__}.")
+        if self._cs_given_selection is not None and cluster_config.warmup_steps != 0:
+            cluster_config = dataclasses.replace(cluster_config, warmup_steps=0)  # nothing to warm up for
         self.cluster_config = cluster_config
         self.feature_model = load_feature_model(feature_model, kwargs.get("model", args[0] if args else None))
         check_map_style(kwargs.get("train_dataset", args[3] if len(args) > 3 else None))  # before Trainer's own check
@@ -163,7 +170,17 @@ class ClusterSelectMixin:
         resume_from_checkpoint = resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir,
                                                            plan.warmup_steps)
         run = self.selection_run
-        if run.selects_before_training:
+        if self._cs_given_selection is not None:  # ClusterTrainer(selection=...): the same checks as a resume
+            run.adopt_saved(self._cs_given_selection, ignore=("warmup_steps",))
+            if run.report is not None:  # this run paid for no warm-up, feature pass or clustering
+                report = run.report
+                report.warmup_seconds = report.features_seconds = report.clustering_seconds = 0.0
+                report.selection_seconds, report.warmup_steps = 0.0, 0
+                report.training_seconds = report.total_seconds = report.full_data_seconds = None
+                report.seconds_saved = report.fraction_saved = report.full_data_seconds_basis = None
+                report.selected_steps = run.plan.selected_steps
+                run.pending_metrics = report.summary_metrics()
+        elif run.selects_before_training:
             saved = load_selection(resume_from_checkpoint) if resume_from_checkpoint else None
             if saved is not None:
                 run.adopt_saved(saved)
