@@ -43,10 +43,19 @@ def parse_training_and_cluster_args(
     Returns:
         `tuple`: the parsed `TrainingArguments`, `ClusterSelectConfig` and one instance per extra dataclass.
     Raises:
-        SystemExit: on an unknown or malformed option (argparse's behaviour).
+        SystemExit: on a malformed option value or `--help` (argparse's behaviour).
+        ValueError: on an unknown option (`HfArgumentParser` lists the ones it did not use).
         ValueError: from `ClusterSelectConfig.__post_init__` for an out-of-range value.
     """
     parsed = make_parser(*extra_dataclasses).parse_args_into_dataclasses(args=args)
     training, prefixed, *rest = parsed
     values = {f.name: getattr(prefixed, PREFIX + f.name) for f in dataclasses.fields(ClusterSelectConfig)}
     return (training, ClusterSelectConfig(**values), *rest)
+
+
+if __name__ == "__main__":  # `python -m hf_cluster_select.cli` is the `hf-cluster-select` command
+    import sys
+
+    from .commands import main
+
+    sys.exit(main())

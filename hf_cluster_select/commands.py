@@ -1,0 +1,132 @@
+"""The `hf-cluster-select` command (layer L5): `select`, `report` and `demo`.
+
+    hf-cluster-select select --model PATH --dataset FILE_OR_FOLDER --prompt-column q --completion-column a \\
+        --data-fraction 0.3 --output DIR
+    hf-cluster-select report DIR
+    hf-cluster-select demo [--quick]
+
+`select` computes the features, the clusters and the selection of a dataset without training (a progress bar
+over the feature batches, one line per phase) and writes to `--output`: the dataset with `cluster_id`,
+`raw_cluster_id` (-1 = HDBSCAN noise), `weight` (0 when not kept) and `kept` columns (`datasets.save_to_disk` in
+`DIR/dataset`, and `DIR/selection.parquet`), `selection_report.json`, `cluster_selection.npz` (for
+`ClusterTrainer(selection=DIR)`), the model-card section and the cluster-size plot. Every `ClusterSelectConfig`
+field is an option (`--data-fraction`, `--within-cluster`, ...; `None` sets a field to None); `--help` lists them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from typing import Any, Sequence
+
+from .config import ClusterSelectConfig
+
+TEXT_PREVIEW = 120  # characters of each example shown by `report`
+
+
+def _config_options(parser: argparse.ArgumentParser) -> None:
+    """One `--field-name` option per `ClusterSelectConfig` field, with its help text and default."""
+    group = parser.add_argument_group("selection settings (ClusterSelectConfig)")
+    for field in dataclasses.fields(ClusterSelectConfig):
+        default = field.default if field.default is not dataclasses.MISSING else None
+        group.add_argument("--" + field.name.replace("_", "-"), dest="cfg_" + field.name, default=default,
+                           metavar=str(field.type).replace("| None", "").strip() or "VALUE",
+                           help=f"{field.metadata.get('help', '')} (default: {default!r})")
+
+
+def _parse_value(text: Any, default: Any) -> Any:
+    if not isinstance(text, str):
+        return text
+    if text == "None":
+        return None
+    if isinstance(default, bool) or text in ("True", "False", "true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def config_from_args(args: argparse.Namespace) -> ClusterSelectConfig:
+    """The `ClusterSelectConfig` of the parsed `--field-name` options (ValueError/TypeError from the config)."""
+    values = {}
+    for field in dataclasses.fields(ClusterSelectConfig):
+        default = field.default if field.default is not dataclasses.MISSING else None
+        values[field.name] = _parse_value(getattr(args, "cfg_" + field.name), default)
+    return ClusterSelectConfig(**values)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-cluster-select", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    select = commands.add_parser("select", help="features, clusters and the selection of a dataset (no training)",
+                                 description=__doc__.split("\n\n")[2])
+    select.add_argument("--model", required=True, help="folder of a causal LM (and its tokenizer)")
+    select.add_argument("--dataset", required=True,
+                        help="a .json/.jsonl/.csv/.parquet file, or a folder saved with datasets.save_to_disk")
+    select.add_argument("--split", default="train", help="split of a dataset dict (default: train)")
+    select.add_argument("--text-column", help="plain text: loss on every token")
+    select.add_argument("--prompt-column", help="prompt text (no loss); with --completion-column")
+    select.add_argument("--completion-column", help="completion text (loss-bearing)")
+    select.add_argument("--messages-column", help="chat messages: loss on the last assistant turn")
+    select.add_argument("--max-length", type=int, default=512, help="tokens kept per example (default: 512)")
+    select.add_argument("--batch-size", type=int, default=8, help="examples per feature batch (default: 8)")
+    select.add_argument("--output", required=True, help="folder to write (created)")
+    _config_options(select)
+    report = commands.add_parser("report", help="print the summary and per-cluster table of a `select` folder")
+    report.add_argument("folder")
+    report.add_argument("--examples", type=int, default=3, help="example texts shown per cluster (default: 3)")
+    demo = commands.add_parser("demo", help="the README's main job (python -m hf_cluster_select.demo)")
+    demo.add_argument("demo_args", nargs=argparse.REMAINDER, help="passed on, e.g. --quick")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `hf-cluster-select`; returns the exit status (argparse exits 2 on a bad option)."""
+    args = build_parser().parse_args(argv)
+    if args.command == "select":
+        from .commands_select import run_select
+
+        run_select(args, config_from_args(args))
+    elif args.command == "report":
+        print(format_report(args.folder, args.examples))
+    else:
+        from .demo.__main__ import main as demo_main
+
+        demo_main(list(args.demo_args))
+    return 0
+
+
+def format_report(folder: str, examples: int = 3) -> str:
+    """The summary and per-cluster Markdown table of a `select` output folder.
+
+    Raises:
+        ValueError: if the folder holds no `selection_report.json`.
+    """
+    from .reporting.outputs import REPORT_FILENAME
+
+    path = os.path.join(folder, REPORT_FILENAME)
+    if not os.path.isfile(path):
+        raise ValueError(f"{folder!r} holds no {REPORT_FILENAME}: run `hf-cluster-select select` first.")
+    with open(path, encoding="utf-8") as handle:
+        report = json.load(handle)
+    inspection_path = os.path.join(folder, "clusters.json")
+    clusters = json.load(open(inspection_path, encoding="utf-8")) if os.path.isfile(inspection_path) else []
+    lines = [f"kept {report['n_kept']} of {report['n_examples']} examples ({report['fraction_kept']:.1%}) in "
+             f"{report['n_clusters']} clusters ({report['clustering_method']}; {report['n_noise']} noise points); "
+             f"features {report.get('features_seconds') or 0:.1f} s, clustering {report.get('clustering_seconds') or 0:.1f} s",
+             "", "| cluster | size | kept | weight | mean tokens | mean warm-up loss | examples |", "|---|---|---|---|---|---|---|"]
+    for row in clusters:
+        texts = " · ".join(t[:TEXT_PREVIEW].replace("|", "/").replace("\n", " ") for t in row["examples"][:examples])
+        lines.append(f"| {row['cluster']} | {row['size']} | {row['kept']} | {row['weight']:.3g} | "
+                     f"{row['mean_tokens']:.1f} | {row['mean_loss']:.3f} | {texts} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

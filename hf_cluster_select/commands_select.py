@@ -1,0 +1,168 @@
+"""`hf-cluster-select select`: a selection without training, written for inspection and reuse (layer L5).
+
+Reads a dataset, tokenizes it for a causal LM (loss on the text, the completion, or the last assistant turn),
+computes the configured learning-effect features with the model as it is (no warm-up: there is no training run),
+clusters, selects, and writes the outputs described in `commands.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from .config import ClusterSelectConfig
+from .loss_tokens import IGNORE_INDEX
+
+
+def load_rows(path: str, split: str):
+    """A `datasets.Dataset` from a data file (.json/.jsonl/.csv/.parquet) or a `save_to_disk` folder.
+
+    Raises:
+        ValueError: if the path does not exist, has another extension, or `split` is not in a dataset dict.
+    """
+    import datasets
+
+    if os.path.isdir(path):
+        loaded = datasets.load_from_disk(path)
+        if isinstance(loaded, datasets.DatasetDict):
+            if split not in loaded:
+                raise ValueError(f"`--split {split}` is not in {path!r} (splits: {sorted(loaded)}).")
+            loaded = loaded[split]
+        return loaded
+    kinds = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+    kind = kinds.get(os.path.splitext(path)[1].lower())
+    if not os.path.isfile(path) or kind is None:
+        raise ValueError(f"`--dataset` must be a {sorted(kinds)} file or a save_to_disk folder, got {path!r}.")
+    return datasets.load_dataset(kind, data_files=path, split="train")
+
+
+def tokenize(rows, tokenizer, args: argparse.Namespace) -> tuple[list[dict], list[str]]:
+    """Tokenized examples (`input_ids`, `attention_mask`, `labels`, -100 where no loss) and a text per example.
+
+    Raises:
+        ValueError: unless exactly one of --text-column, --prompt-column + --completion-column, --messages-column
+            is given and names a column of the dataset.
+    """
+    modes = [m for m in ("text", "prompt", "messages") if getattr(args, f"{m}_column")]
+    if len(modes) != 1 or (args.prompt_column is None) != (args.completion_column is None):
+        raise ValueError("give exactly one of --text-column, --prompt-column with --completion-column, or "
+                         "--messages-column.")
+    wanted = [c for c in (args.text_column, args.prompt_column, args.completion_column, args.messages_column) if c]
+    missing = [c for c in wanted if c not in rows.column_names]
+    if missing:
+        raise ValueError(f"column(s) {missing} not in the dataset (columns: {rows.column_names}).")
+    examples, texts = [], []
+    for row in rows:
+        if args.text_column:
+            prompt, answer = "", str(row[args.text_column])
+        elif args.prompt_column:
+            prompt, answer = str(row[args.prompt_column]), str(row[args.completion_column])
+        else:
+            messages = list(row[args.messages_column])
+            prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
+            answer = str(messages[-1]["content"])
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"] if prompt else []
+        answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
+        if tokenizer.eos_token_id is not None:
+            answer_ids = answer_ids + [tokenizer.eos_token_id]
+        answer_ids = answer_ids[: args.max_length]
+        prompt_ids = prompt_ids[max(0, len(prompt_ids) - (args.max_length - len(answer_ids))):]
+        ids = prompt_ids + answer_ids
+        examples.append({"input_ids": ids, "attention_mask": [1] * len(ids),
+                         "labels": [IGNORE_INDEX] * len(prompt_ids) + answer_ids})
+        texts.append((prompt + " " + answer).strip())
+    return examples, texts
+
+
+def inspection(result, chosen, lengths, losses, texts, examples: int = 3) -> list[dict]:
+    """Per cluster: size, kept, total weight of its kept examples, mean tokens, mean warm-up loss and the texts of
+    its first kept examples (then of the others)."""
+    weights = np.zeros(lengths.size)
+    weights[chosen.indices] = chosen.weights
+    kept = np.zeros(lengths.size, dtype=bool)
+    kept[chosen.indices] = True
+    rows = []
+    for cluster in range(result.n_clusters):
+        members = np.flatnonzero(result.labels == cluster)
+        order = np.concatenate([members[kept[members]], members[~kept[members]]])[:examples]
+        rows.append(dict(cluster=cluster, size=int(members.size), kept=int(kept[members].sum()),
+                         weight=float(weights[members].sum()), mean_tokens=float(lengths[members].mean()),
+                         mean_loss=float(losses[members].mean()), examples=[texts[i] for i in order]))
+    return rows
+
+
+def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[str, Any]:
+    """The `select` command: returns the summary it prints (also tested directly)."""
+    import datasets
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .data import token_digest
+    from .demo.mathqa import pad_collate
+    from .features import FEATURES
+    from .features.proxy import truncated_layers
+    from .persistence import data_fingerprint, save_selection
+    from .reporting.outputs import write_report_files
+    from .reporting.report import SelectionReport
+    from .selection import cluster_features, select_subset
+
+    if not os.path.isdir(args.model):
+        raise ValueError(f"`--model` must be a model folder, got {args.model!r}.")
+    rows = load_rows(args.dataset, args.split)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    examples, texts = tokenize(rows, tokenizer, args)  # bad columns fail before the model loads
+    print(f"[1/4] data: {len(examples)} examples from {args.dataset}", flush=True)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    if torch.cuda.is_available():
+        model = model.cuda()
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    lengths = np.asarray([len(e["input_ids"]) for e in examples])
+    start = time.perf_counter()
+    print("[2/4] features", flush=True)
+    with truncated_layers(model, config.feature_layers):
+        out = FEATURES.get(config.feature)(
+            model, examples, list(range(len(examples))), functools.partial(pad_collate, pad_token_id=pad),
+            batch_size=args.batch_size, lengths=lengths.tolist(), projection_dim=config.projection_dim,
+            projection_seed=config.seed, show_progress=True, shift_labels=True)
+    features_seconds = time.perf_counter() - start
+    print(f"[3/4] clustering and selection ({config.cluster_method}, {config.within_cluster})", flush=True)
+    start = time.perf_counter()
+    loss_tokens = out.loss_tokens.numpy()
+    result = cluster_features(out.features.numpy(), config, loss_tokens=loss_tokens)
+    chosen = select_subset(result, config, norms=out.norms.numpy(), losses=out.losses.numpy())
+    clustering_seconds = time.perf_counter() - start
+    report = SelectionReport.from_results(
+        result, chosen, config, tokens_total=int(loss_tokens.sum()),
+        tokens_kept=int(loss_tokens[chosen.indices].sum()), token_kind="loss",
+        input_tokens_total=int(lengths.sum()), input_tokens_kept=int(lengths[chosen.indices].sum()),
+        features_seconds=features_seconds, clustering_seconds=clustering_seconds,
+        selection_seconds=features_seconds + clustering_seconds, warmup_steps=0, warmup_seconds=0.0)
+    print(f"[4/4] writing {args.output}", flush=True)
+    os.makedirs(args.output, exist_ok=True)
+    weights = np.zeros(len(examples))
+    weights[chosen.indices] = chosen.weights
+    kept = np.zeros(len(examples), dtype=bool)
+    kept[chosen.indices] = True
+    table = rows.add_column("cluster_id", result.labels.tolist()).add_column(
+        "raw_cluster_id", result.raw_labels.tolist()).add_column("weight", weights.tolist()).add_column(
+        "kept", kept.tolist())
+    table.save_to_disk(os.path.join(args.output, "dataset"))
+    table.to_parquet(os.path.join(args.output, "selection.parquet"))
+    write_report_files(args.output, report, base_model=None)
+    fingerprint = data_fingerprint(lengths, token_digest(datasets.Dataset.from_list(examples)))
+    save_selection(args.output, chosen, labels=result.labels, raw_labels=result.raw_labels, config=config.to_dict(),
+                   fingerprint=fingerprint, extra={"report": report.to_dict()})
+    clusters = inspection(result, chosen, lengths, out.losses.numpy(), texts)
+    with open(os.path.join(args.output, "clusters.json"), "w", encoding="utf-8") as handle:
+        json.dump(clusters, handle, indent=1)
+    summary = {"n_examples": len(examples), "n_kept": chosen.n_kept, "n_clusters": result.n_clusters,
+               "features_seconds": features_seconds, "clustering_seconds": clustering_seconds,
+               "output": args.output}
+    print(json.dumps(summary), flush=True)
+    return summary

@@ -1,0 +1,90 @@
+"""The `hf-cluster-select` command: `select` on a tiny model and a JSONL file, `report`, `--help`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hf_cluster_select import ClusterSelectConfig
+from hf_cluster_select.commands import build_parser, config_from_args, format_report, main
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory, tokenizer, _tiny_lm_base):
+    folder = tmp_path_factory.mktemp("tiny_model")
+    _tiny_lm_base.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    import tiny_assets
+
+    texts = tiny_assets.make_texts(40, seed=3)
+    path = tmp_path_factory.mktemp("data") / "pairs.jsonl"
+    with open(path, "w") as handle:
+        for i, text in enumerate(texts):
+            words = text.split()
+            handle.write(json.dumps({"q": " ".join(words[:3]), "a": " ".join(words[3:]), "id": i}) + "\n")
+    return str(path)
+
+
+def test_select_writes_dataset_report_and_a_reusable_selection(tmp_path, model_folder, data_file):
+    import datasets
+
+    out = str(tmp_path / "sel")
+    assert main(["select", "--model", model_folder, "--dataset", data_file, "--prompt-column", "q",
+                 "--completion-column", "a", "--data-fraction", "0.25", "--seed", "3", "--output", out]) == 0
+    table = datasets.load_from_disk(os.path.join(out, "dataset"))
+    assert table.column_names == ["q", "a", "id", "cluster_id", "raw_cluster_id", "weight", "kept"]
+    assert sum(table["kept"]) == 10 and table["id"] == list(range(40))
+    weights = np.asarray(table["weight"])
+    assert np.all((weights > 0) == np.asarray(table["kept"])) and weights.sum() == pytest.approx(40)
+    parquet = datasets.load_dataset("parquet", data_files=os.path.join(out, "selection.parquet"), split="train")
+    assert parquet["cluster_id"] == table["cluster_id"]
+    report = json.load(open(os.path.join(out, "selection_report.json")))
+    assert report["n_kept"] == 10 and report["config"]["seed"] == 3 and report["features_seconds"] > 0
+    clusters = json.load(open(os.path.join(out, "clusters.json")))
+    assert sum(c["size"] for c in clusters) == 40 and sum(c["kept"] for c in clusters) == 10
+    assert all(len(c["examples"]) <= 3 for c in clusters) and clusters[0]["examples"][0]
+    for name in ("cluster_selection.npz", "README.md", "cluster_sizes.png"):
+        assert os.path.isfile(os.path.join(out, name)), name
+    text = format_report(out)
+    assert text.startswith("kept 10 of 40 examples (25.0%)") and text.count("\n| ") == len(clusters) + 1
+
+
+def test_every_config_field_is_an_option_and_none_parses():
+    parser = build_parser()
+    args = parser.parse_args(["select", "--model", "m", "--dataset", "d", "--output", "o", "--pca-dim", "None",
+                              "--data-fraction", "0.4", "--balance-tokens", "false", "--within-cluster", "random"])
+    config = config_from_args(args)
+    assert config.pca_dim is None and config.data_fraction == 0.4 and config.balance_tokens is False
+    assert config.within_cluster == "random" and config.feature == ClusterSelectConfig().feature
+    help_text = parser._subparsers._group_actions[0].choices["select"].format_help()
+    for name in ("data-fraction", "cluster-sample-size", "feature-layers", "within-cluster", "stratify-column"):
+        assert f"--{name}" in help_text
+
+
+def test_bad_columns_and_paths_are_named(tmp_path, model_folder, data_file):
+    base = ["select", "--model", model_folder, "--dataset", data_file, "--output", str(tmp_path / "x")]
+    with pytest.raises(ValueError, match="exactly one of"):
+        main(base)
+    with pytest.raises(ValueError, match=r"column\(s\) \['nope'\]"):
+        main(base + ["--text-column", "nope"])
+    with pytest.raises(ValueError, match="--dataset"):
+        main(["select", "--model", model_folder, "--dataset", str(tmp_path / "no.txt"), "--text-column", "a",
+              "--output", str(tmp_path / "x")])
+    with pytest.raises(ValueError, match="holds no selection_report.json"):
+        format_report(str(tmp_path))
+
+
+def test_help_from_the_module():
+    out = subprocess.run([sys.executable, "-m", "hf_cluster_select.cli", "select", "--help"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and "--data-fraction" in out.stdout and "--kept-per-cluster" in out.stdout
