@@ -158,3 +158,35 @@ def test_existing_card_preserved_and_section_replaced_not_duplicated(tmp_path):
     third = readme.read_text(encoding="utf-8")
     assert third.count(START_MARKER) == 1 and "## Evaluation\n\nAdded later." in third
     assert third.index(END_MARKER) < third.index("## Evaluation")
+
+
+def test_no_local_base_model_in_any_saved_card(tmp_path, tokenizer, _tiny_lm_base, lm_dataset, collator):
+    """A LoRA model loaded from a local folder: PEFT writes `base_model: <folder>` into the README of every save;
+    after `save_model()` and in every checkpoint the card holds no local path (the Hub rejects it)."""
+    from huggingface_hub import ModelCard
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM, TrainingArguments
+
+    from hf_cluster_select import ClusterSelectConfig, ClusterTrainer
+    from hf_cluster_select.reporting.model_card import without_local_base_model
+
+    local = tmp_path / "local_base"
+    _tiny_lm_base.save_pretrained(local)
+    model = get_peft_model(LlamaForCausalLM.from_pretrained(local),
+                           LoraConfig(r=2, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_train_epochs=1,
+                             save_strategy="steps", save_steps=3, report_to=[], use_cpu=True, disable_tqdm=True,
+                             warmup_steps=0)
+    trainer = ClusterTrainer(model=model, args=args, train_dataset=lm_dataset, data_collator=collator,
+                             cluster_config=ClusterSelectConfig(data_fraction=0.5, warmup_steps=0))
+    trainer.train()
+    trainer.save_model()
+    cards = [tmp_path / "out" / "README.md", *sorted((tmp_path / "out").glob("checkpoint-*/README.md"))]
+    assert len(cards) >= 2
+    for path in cards:
+        text = path.read_text()
+        data = ModelCard(text).data
+        assert str(local) not in text, path
+        assert data.base_model is None and not any(str(t).startswith("base_model:") for t in data.tags or [])
+    hub = "---\nbase_model: HuggingFaceTB/SmolLM2-135M\ntags:\n- base_model:adapter:HuggingFaceTB/SmolLM2-135M\n---\nx\n"
+    assert without_local_base_model(hub) == hub  # Hub ids stay

@@ -29,7 +29,6 @@ from transformers.trainer_utils import seed_worker
 from ..config import ClusterSelectConfig
 from ..data import INDEX_KEY, IndexCollator, IndexedDataset, LossTokensCollator, example_lengths, token_digest
 from ..persistence import load_selection, resolve_resume_checkpoint
-from ..reporting.outputs import write_selection_card
 from ..reporting.report import SelectionReport
 from ..run import SelectionRun
 from ..schedule import StepPlan
@@ -38,12 +37,13 @@ from ..weighting import weighted_loss
 from . import compat
 from .callbacks import ClusterSelectCallback
 from .feature_model import load_feature_model, load_given_selection
+from .outputs import SelectionOutputsMixin
 from .model_checks import labels_are_shifted, warn_if_sampler_overridden
 
 compat.warn_if_untested()
 
 
-class ClusterSelectMixin:
+class ClusterSelectMixin(SelectionOutputsMixin):
     """Adds cluster-based data selection to a `transformers.Trainer` subclass. Put it first in the bases.
 
     Args:
@@ -364,26 +364,6 @@ class ClusterSelectMixin:
         super().log(logs, *args, **kwargs)
 
     # ---- published artefacts ------------------------------------------------------------------------------------
-    def finalize_selection_report(self, measured_full_seconds: float | None = None) -> SelectionReport | None:
-        """`SelectionRun.finalize_report`: training seconds and savings (measured with `measured_full_seconds`)."""
-        return None if self.selection_run is None else self.selection_run.finalize_report(measured_full_seconds)
-
-    def save_cluster_selection(self, folder: str) -> str | None:
-        """`SelectionRun.save` into `folder` (nothing before selection)."""
-        return None if self.selection_run is None else self.selection_run.save(folder)
-
-    def write_selection_card(self, output_dir: str) -> str | None:
-        """Add the selection section and cluster-size plot to `output_dir/README.md` (keeping what is there)."""
-        if self.selection_report is None:
-            return None
-        base = getattr(getattr(self.model, "config", None), "_name_or_path", None)
-        return write_selection_card(output_dir, self.selection_report, base)
-
-    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
-        """The parent's model card, then the selection section appended (rank 0)."""
-        super().create_model_card(*args, **kwargs)
-        if self.is_world_process_zero():
-            self.write_selection_card(self.args.output_dir)
 
 
 class ClusterTrainer(ClusterSelectMixin, Trainer):

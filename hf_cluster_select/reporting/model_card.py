@@ -89,6 +89,41 @@ def looks_like_hub_id(name: str | None) -> bool:
     return bool(_HUB_ID.match(name)) and not os.path.exists(name)
 
 
+def without_local_base_model(text: str) -> str:
+    """A card's text without `base_model` metadata that is a filesystem path, nor PEFT's
+    `base_model:adapter:<path>` tag (the Hub rejects both); Hub ids and everything else are kept."""
+    from huggingface_hub import ModelCard
+
+    card = ModelCard(text, ignore_metadata_errors=True)
+    data, changed = card.data, False
+    base = data.base_model
+    if isinstance(base, str) and not looks_like_hub_id(base):
+        data.base_model, changed = None, True
+    elif isinstance(base, list) and any(not looks_like_hub_id(b) for b in base):
+        kept = [b for b in base if looks_like_hub_id(b)]
+        data.base_model, changed = (kept or None), True
+    tags = data.tags or []
+    kept_tags = [t for t in tags if not (isinstance(t, str) and t.startswith("base_model:")
+                                         and not looks_like_hub_id(t.split(":")[-1]))]
+    if len(kept_tags) != len(tags):
+        data.tags, changed = kept_tags, True
+    return str(card) if changed else text
+
+
+def scrub_card(folder: str | os.PathLike) -> bool:
+    """Remove local-path `base_model` metadata from `folder/README.md` (written by Trainer, TRL or PEFT); returns
+    whether the file changed."""
+    path = os.path.join(os.fspath(folder), "README.md")
+    if not os.path.isfile(path):
+        return False
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    cleaned = without_local_base_model(text)
+    if cleaned != text:
+        _atomic_write(path, cleaned)
+    return cleaned != text
+
+
 def selection_card_section(report: Any, *, plot_filename: str | None = None) -> str:
     """Markdown section of the card: what was kept, what every stage cost, and what it saved.
 
@@ -221,7 +256,7 @@ def write_model_card(
     section = selection_card_section(report, plot_filename=plot_filename)
     if os.path.exists(path):
         with open(path, encoding="utf-8") as handle:
-            text = replace_section(handle.read(), section)
+            text = without_local_base_model(replace_section(handle.read(), section))
     else:
         from huggingface_hub import ModelCard, ModelCardData
 

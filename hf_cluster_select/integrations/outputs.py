@@ -1,0 +1,42 @@
+"""The report, selection file and model card of a ClusterTrainer run (layer L4): `SelectionOutputsMixin`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..reporting.model_card import scrub_card
+from ..reporting.outputs import write_selection_card
+from ..reporting.report import SelectionReport
+
+
+class SelectionOutputsMixin:
+    """What `ClusterSelectMixin` writes: the finalized report, the selection file, the card section; and no local
+    path left as `base_model` in any card a save wrote. Reads `self.selection_run` (set by `ClusterSelectMixin`)."""
+
+    def finalize_selection_report(self, measured_full_seconds: float | None = None) -> SelectionReport | None:
+        """`SelectionRun.finalize_report`: training seconds and savings (measured with `measured_full_seconds`)."""
+        return None if self.selection_run is None else self.selection_run.finalize_report(measured_full_seconds)
+
+    def save_cluster_selection(self, folder: str) -> str | None:
+        """`SelectionRun.save` into `folder` (nothing before selection)."""
+        return None if self.selection_run is None else self.selection_run.save(folder)
+
+    def write_selection_card(self, output_dir: str) -> str | None:
+        """Add the selection section and cluster-size plot to `output_dir/README.md` (keeping what is there)."""
+        if self.selection_report is None:
+            return None
+        base = getattr(getattr(self.model, "config", None), "_name_or_path", None)
+        return write_selection_card(output_dir, self.selection_report, base)
+
+    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
+        """The parent's model card, then the selection section appended (rank 0)."""
+        super().create_model_card(*args, **kwargs)
+        if self.is_world_process_zero():
+            self.write_selection_card(self.args.output_dir)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """The parent's `save_model` (also what every checkpoint calls), then no local path left as `base_model` in
+        the card it wrote (PEFT writes `base_model: /local/folder`, which the Hub rejects)."""
+        super().save_model(output_dir, _internal_call=_internal_call)
+        if self.is_world_process_zero():
+            scrub_card(output_dir if output_dir is not None else self.args.output_dir)
