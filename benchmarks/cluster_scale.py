@@ -126,6 +126,20 @@ def run_cell(method: str, n: int, sample_size, timeout: float) -> dict:
         process.join()
 
 
+def markdown(result: dict) -> str:
+    """The README table: per method and size, seconds, peak memory and agreement."""
+    lines = ["| method | rows | seconds | peak MiB | agreement with truth | ARI with the exact fit |", "|---|---|---|---|---|---|"]
+    for cell in result["cells"]:
+        if cell.get("timed_out"):
+            lines.append(f"| {cell['method']} | {cell['n']:,} | > {cell['seconds']:.0f} (stopped) | | | |")
+            continue
+        exact = cell.get("ari_with_exact_fit")
+        lines.append(f"| {cell['method']} | {cell['n']:,} | {cell['seconds']:.1f} | {cell['peak_rss_mib']:.0f} | "
+                     f"{cell['agreement_kind']} {cell['truth_agreement']:.3f} | "
+                     f"{'' if exact is None else f'{exact:.3f}'} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
@@ -135,7 +149,12 @@ def main(argv=None) -> int:
     parser.add_argument("--memmap-rows", type=int, default=600_000,
                         help="rows of the memory-mapped 1024-dim cell (2.3 GiB at 600k); 0 = skip it")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "cluster_scale.json"))
+    parser.add_argument("--report", default=None, help="print the Markdown table of an existing JSON and exit")
     args = parser.parse_args(argv)
+    if args.report:
+        with open(args.report, encoding="utf-8") as handle:
+            print(markdown(json.load(handle)))
+        return 0
     from hf_cluster_select import ClusterSelectConfig
     from sklearn.metrics import adjusted_rand_score
 

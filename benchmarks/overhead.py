@@ -120,14 +120,41 @@ def end_to_end(task, work: str, epochs: float) -> dict:
             "selection_share_of_full_data_seconds": report.selection_seconds / full_seconds}
 
 
+def markdown(result: dict) -> str:
+    """The README's performance tables from the JSON: feature cost and agreement per variant, then end to end."""
+    lines = ["| model | feature pass | ms / example | × training ms / example | kept-set overlap | cluster ARI |",
+             "|---|---|---|---|---|---|"]
+    for name, entry in result["models"].items():
+        features = entry["features"]
+        for variant, row in features["variants"].items():
+            lines.append(f"| {name} ({entry['task']}, {features['n_examples']} ex.) | {variant.replace('_', ' ')} | "
+                         f"{row['feature_ms_per_example']:.1f} | {row['ratio_to_training_ms_per_example']:.3f} | "
+                         f"{row['kept_overlap_with_full_model']:.2f} | {row['cluster_ari_with_full_model']:.2f} |")
+        lines.append(f"| {name} | (training, stock Trainer) | {features['training_ms_per_example']:.1f} | 1 | | |")
+    lines += ["", "| model | epochs | full-data Trainer s | ClusterTrainer s (f = 0.3) | ratio | warm-up / features / "
+              "clustering / training s |", "|---|---|---|---|---|---|"]
+    for name, entry in result["models"].items():
+        for row in entry["end_to_end"]:
+            phases = " / ".join(f"{row['phases'][k]:.1f}" for k in ("warmup_seconds", "features_seconds",
+                                                                     "clustering_seconds", "training_seconds"))
+            lines.append(f"| {name} | {row['epochs']:g} | {row['full_data_seconds']:.1f} | "
+                         f"{row['cluster_trainer_seconds']:.1f} | {row['time_ratio']:.2f} | {phases} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--epochs", type=float, nargs="+", default=[1, 3])
     parser.add_argument("--quick", action="store_true", help="tiny pools, 1 epoch (a smoke run; writes no JSON)")
+    parser.add_argument("--report", default=None, help="print the Markdown tables of an existing JSON and exit")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                       "overhead.json"))
     args = parser.parse_args(argv)
+    if args.report:
+        with open(args.report, encoding="utf-8") as handle:
+            print(markdown(json.load(handle)))
+        return 0
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     work = os.path.join("/tmp", f"overhead_{os.getpid()}")
     result = {"commit": os.popen("git -C " + os.path.dirname(os.path.abspath(__file__))
