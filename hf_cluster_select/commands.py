@@ -119,8 +119,10 @@ def format_report(folder: str, examples: int = 3) -> str:
     clusters = json.load(open(inspection_path, encoding="utf-8")) if os.path.isfile(inspection_path) else []
     lines = [f"kept {report['n_kept']} of {report['n_examples']} examples ({report['fraction_kept']:.1%}) in "
              f"{report['n_clusters']} clusters ({report['clustering_method']}; {report['n_noise']} noise points); "
-             f"features {report.get('features_seconds') or 0:.1f} s, clustering {report.get('clustering_seconds') or 0:.1f} s",
-             "", "| cluster | size | kept | weight | mean tokens | mean warm-up loss | examples |", "|---|---|---|---|---|---|---|"]
+             f"features {report.get('features_seconds') or 0:.1f} s, "
+             f"clustering {report.get('clustering_seconds') or 0:.1f} s", "",
+             "| cluster | size | kept | weight | mean tokens | mean warm-up loss | examples |",
+             "|---|---|---|---|---|---|---|"]
     for row in clusters:
         texts = " · ".join(t[:TEXT_PREVIEW].replace("|", "/").replace("\n", " ") for t in row["examples"][:examples])
         lines.append(f"| {row['cluster']} | {row['size']} | {row['kept']} | {row['weight']:.3g} | "

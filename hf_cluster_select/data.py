@@ -134,27 +134,33 @@ class LossTokensCollator:
         return self.collator(rebuilt)
 
 
-def token_digest(dataset: Any, key: str = "input_ids") -> str:
-    """SHA-1 over every example's `key` tokens in order (int64 bytes, each example's length first): it changes
-    when any token of the training data changes, also for data of the same lengths. One pass over the column.
+def token_digest(dataset: Any, keys: tuple[str, ...] = ("input_ids", "labels")) -> str:
+    """SHA-1 over every example's tokens and labels in order (int64 bytes, each example's length first; a column
+    the data does not have is skipped): it changes when any token or any label mask of the training data changes,
+    also for data of the same lengths. One pass over each column.
 
     Args:
         dataset (map-style dataset of `dict`): tokenized examples (checked by `example_lengths` first).
-        key (`str`, *optional*, defaults to `"input_ids"`): the token column.
+        keys (`tuple[str, ...]`, *optional*): the columns hashed.
     Returns:
         `str`: hex digest.
     """
     import hashlib
 
     column_names = getattr(dataset, "column_names", None)
-    if column_names is not None and key in column_names:
-        values = dataset.with_format(None)[key] if hasattr(dataset, "with_format") else dataset[key]
-    else:
-        values = (dataset[i][key] for i in range(len(dataset)))
     digest = hashlib.sha1()
-    for tokens in values:
-        array = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        digest.update(np.int64(array.size).tobytes())
-        digest.update(array.tobytes())
+    for key in keys:
+        if column_names is not None:
+            if key not in column_names:
+                continue
+            values = dataset.with_format(None)[key] if hasattr(dataset, "with_format") else dataset[key]
+        else:
+            if not len(dataset) or key not in dataset[0]:
+                continue
+            values = (dataset[i][key] for i in range(len(dataset)))
+        digest.update(key.encode())
+        for tokens in values:
+            array = np.asarray(tokens, dtype=np.int64).reshape(-1)
+            digest.update(np.int64(array.size).tobytes())
+            digest.update(array.tobytes())
     return digest.hexdigest()
-

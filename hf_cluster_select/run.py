@@ -22,6 +22,7 @@ import torch
 
 from ._types import Selection
 from .batching.allocations import get_allocation
+from .batching.padding import plan_padded_tokens, random_batch_padded_tokens
 from .batching.sampler import ClusterBatchSampler
 from .clock import PhaseClock
 from .config import ClusterSelectConfig
@@ -125,10 +126,10 @@ class SelectionRun:
                           selected_batches_per_epoch=selected_batches_per_epoch, **self._steps_args)
 
     def _warmup_steps(self, n: int, n_kept: int, lr_warmup_steps: float) -> int:
-        """Warm-up steps on the full data: 0 for an allocation that selects first, `config.warmup_steps`, or the LR
-        warm-up (a ratio of the planned total, see `schedule.resolve_warmup_steps`)."""
-        if self.allocation.selects_before_training:
-            return 0
+        """Warm-up steps on the full data: 0 for an allocation that selects first or at `data_fraction=1.0`,
+        `config.warmup_steps`, or the LR warm-up (a ratio of the planned total, see `schedule.resolve_warmup_steps`)."""
+        if self.allocation.selects_before_training or self.config.data_fraction >= 1.0:
+            return 0  # selection first; or nothing to select (all examples kept), so nothing to warm up for
         if self.config.warmup_steps is not None:
             return self.config.warmup_steps
         max_steps = self._steps_args["max_steps"]
@@ -283,6 +284,11 @@ class SelectionRun:
             return None
         self.report.warmup_seconds = self.clock.measured("warmup") or 0.0
         self.report.training_seconds = self.clock.measured("training") or 0.0
+        if self.subset_sampler is not None:  # the cost of a step: padded tokens, stock full-data vs this subset
+            sampler = self.subset_sampler
+            self.report.padded_tokens_per_batch_full = random_batch_padded_tokens(
+                self.lengths, self.plan.per_device_batch_size, seed=self.config.seed)
+            self.report.padded_tokens_per_batch_selected = plan_padded_tokens(sampler.lengths, sampler.plan(1))
         self.report.total_seconds = None
         self.report.apply_savings(measured_full_seconds)
         return self.report

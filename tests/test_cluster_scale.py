@@ -64,11 +64,16 @@ def test_fine_kmeans_two_level_has_about_k_clusters():
     assert "assignment" not in small.params  # below the size: the exact fit, unchanged
 
 
-def test_kmeans_on_a_sample():
+def test_kmeans_on_a_sample_keeps_the_size_cap():
     x, truth = mixture(2000, k=3)
     result = cluster_features(x, ClusterSelectConfig(cluster_method="kmeans", kmeans_n_clusters=3,
                                                      cluster_sample_size=300))
     assert result.params["sampled_rows"] == 300 and adjusted_rand_score(truth, result.labels) > 0.95
+    x, _ = mixture(3000, k=4, seed=2)
+    for size in (None, 1000, 100):  # the cap (1.1 · n / K = 825) holds on every row, sampled or not
+        capped = cluster_features(x, ClusterSelectConfig(cluster_method="kmeans", kmeans_n_clusters=4,
+                                                         kmeans_size_cap=1.1, cluster_sample_size=size))
+        assert np.bincount(capped.labels).max() <= 825 and capped.labels.size == 3000
 
 
 @pytest.mark.parametrize("size", [0, 99, 2.5, True])

@@ -48,13 +48,24 @@ def test_truncated_layers_restores_after_an_error_and_checks(tokenizer):
         with truncated_layers(deep, 1):
             raise RuntimeError("boom")
     assert len(deep.model.layers) == 4
-    with truncated_layers(deep, 9) as same:  # more than there are: unchanged
-        assert len(same.model.layers) == 4
+    with pytest.warns(UserWarning, match="not below the model's depth"):
+        with truncated_layers(deep, 9) as same:  # more than there are: unchanged
+            assert len(same.model.layers) == 4
     with pytest.raises(ValueError, match="feature_layers"):
         with truncated_layers(deep, 0):
             pass
     with pytest.raises(ValueError, match="feature_layers"):
         ClusterSelectConfig(feature_layers=0)
+
+
+def test_truncated_layers_cut_both_stacks_of_an_encoder_decoder():
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    model = T5ForConditionalGeneration(T5Config(vocab_size=32, d_model=16, d_kv=4, d_ff=32, num_layers=3,
+                                                num_decoder_layers=3, num_heads=2))
+    with truncated_layers(model, 1):
+        assert len(model.encoder.block) == 1 and len(model.decoder.block) == 1
+    assert len(model.encoder.block) == 3 and len(model.decoder.block) == 3
 
 
 def _trainer(tmp_path, model, lm_dataset, collator, **kwargs):
@@ -91,6 +102,22 @@ def test_feature_model_errors(tmp_path, tokenizer, tiny_lm, lm_dataset, collator
     small_vocab = LlamaForCausalLM(tiny_assets.llama_config(8, num_hidden_layers=1))
     with pytest.raises(ValueError, match="share the tokenizer"):
         _trainer(tmp_path, tiny_lm, lm_dataset, collator, feature_model=small_vocab)
+    from transformers import BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel
+
+    classifier = BertForSequenceClassification(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1,
+                                                          num_attention_heads=2, intermediate_size=32, num_labels=3))
+    with pytest.raises(ValueError, match="another kind of output head"):
+        _trainer(tmp_path, tiny_lm, lm_dataset, collator, feature_model=classifier)
+    # a folder of another architecture loads as itself (AutoModelForCausalLM), not as the trained model's class
+    GPT2LMHeadModel(GPT2Config(vocab_size=tiny_lm.config.vocab_size, n_embd=16, n_layer=1, n_head=2)).save_pretrained(
+        tmp_path / "gpt2")
+    trainer = _trainer(tmp_path, tiny_lm, lm_dataset, collator, feature_model=str(tmp_path / "gpt2"))
+    assert type(trainer.feature_model).__name__ == "GPT2LMHeadModel"
+    other_labels = BertForSequenceClassification(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1,
+                                                            num_attention_heads=2, intermediate_size=32, num_labels=2))
+    with pytest.raises(ValueError, match="2 labels, the trained model 3"):
+        ClusterTrainer(model=classifier, args=TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True),
+                       train_dataset=lm_dataset, feature_model=other_labels)
 
 
 def test_feature_layers_in_a_training_run(tmp_path, tiny_lm, lm_dataset, collator, monkeypatch):

@@ -65,6 +65,20 @@ def test_estimate_savings_scales_selected_steps_by_example_length():
                          selection_seconds=0, training_seconds=1, length_ratio=0.0)
 
 
+def test_padded_tokens_per_batch():
+    from hf_cluster_select.batching.padding import plan_padded_tokens, random_batch_padded_tokens
+
+    lengths = np.array([10, 2, 3, 8])
+    assert plan_padded_tokens(lengths, [[0, 1], [2, 3]]) == (2 * 10 + 2 * 8) / 2
+    assert random_batch_padded_tokens(np.array([5, 5, 5]), 2, epochs=1) == (2 * 5 + 1 * 5) / 2
+    mixed = np.array([100] * 2 + [10] * 18)  # random batches of 4 often hold a long row: they pad far more
+    sorted_batches = [list(range(start, start + 4)) for start in range(0, 20, 4)]  # the long rows together: 112
+    assert plan_padded_tokens(mixed, sorted_batches) == 112.0 and random_batch_padded_tokens(mixed, 4) > 150
+    report = make_report(padded_tokens_per_batch_full=300.0, padded_tokens_per_batch_selected=100.0,
+                         input_tokens_total=100, input_tokens_kept=40)
+    assert report.length_ratio() == 3.0  # padded tokens win over the mean input tokens
+
+
 def test_estimate_savings_without_warmup():
     out = estimate_savings(
         warmup_seconds=0.0, warmup_steps=0, selected_steps=300, full_data_steps=1000,

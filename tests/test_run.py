@@ -120,6 +120,10 @@ def test_resume_refuses_other_tokens_and_other_selection_settings():
     other = [{"input_ids": [7] * n} for n in LENGTHS]  # the same lengths, other tokens
     digest = token_digest(rows)
     assert digest == token_digest([dict(r) for r in rows]) and digest != token_digest(other)
+    masked = [dict(r, labels=list(r["input_ids"])) for r in rows]
+    remasked = [dict(r) for r in masked]
+    remasked[5] = dict(remasked[5], labels=[-100] + remasked[5]["labels"][1:])  # one label mask changed
+    assert token_digest(masked) != token_digest(remasked) and token_digest(masked) != digest
     config = ClusterSelectConfig(data_fraction=0.5)
     run = make_run(config, token_digest=digest)
     selection = selection_of(np.arange(20), np.zeros(40))

@@ -132,7 +132,14 @@ def test_report_and_model_card(tmp_path, tiny_lm, lm_dataset, collator):
     lengths = [len(row["input_ids"]) for row in lm_dataset]
     kept = [lengths[i] for i in report["kept_indices"]]
     assert report["input_tokens_total"] == sum(lengths) and report["input_tokens_kept"] == sum(kept)
-    ratio = (sum(lengths) / len(lengths)) / (sum(kept) / len(kept))  # steps of longer examples cost more
+    from hf_cluster_select.batching.padding import plan_padded_tokens, random_batch_padded_tokens
+
+    sampler = trainer.selection_run.subset_sampler
+    full_batch = random_batch_padded_tokens(np.asarray(lengths), 4, seed=trainer.cluster_config.seed)
+    ours_batch = plan_padded_tokens(sampler.lengths, sampler.plan(1))
+    assert report["padded_tokens_per_batch_full"] == pytest.approx(full_batch)
+    assert report["padded_tokens_per_batch_selected"] == pytest.approx(ours_batch)
+    ratio = full_batch / ours_batch  # a step's cost follows its padded tokens
     assert ratio != pytest.approx(1.0, abs=1e-3)
     per_step = (report["warmup_seconds"] + report["training_seconds"] * ratio) / 27
     assert report["full_data_seconds"] == pytest.approx(per_step * 48)
@@ -265,9 +272,9 @@ class OrderedStockTrainer(Trainer):
 
 
 def test_stock_trainer_equivalence_at_full_fraction(tmp_path, lm_dataset, collator, _tiny_lm_base, monkeypatch):
-    """data_fraction=1.0 with a warm-up: no feature pass and no clustering run (nothing to select), and the same
-    batches fed to a stock Trainer with the same recipe give the same loss at every step and the same final weights
-    (the plan, LR schedule, loader and loss path add nothing)."""
+    """data_fraction=1.0 (a warm-up asked for): no warm-up, no feature pass and no clustering run (nothing to
+    select), the stock step count, and the same batches fed to a stock Trainer with the same recipe give the same
+    loss at every step and the same final weights (the plan, LR schedule, loader and loss path add nothing)."""
     import copy
 
     from hf_cluster_select import pipeline
@@ -282,7 +289,7 @@ def test_stock_trainer_equivalence_at_full_fraction(tmp_path, lm_dataset, collat
     ours = build(tmp_path / "o", copy.deepcopy(_tiny_lm_base), lm_dataset, collator, config=config)
     ours.train()
     plan = ours.step_plan
-    assert plan.total_steps == 4 + 2 * 24 and ours.state.global_step == plan.total_steps
+    assert plan.warmup_steps == 0 and plan.total_steps == 2 * 24 and ours.state.global_step == plan.total_steps
     assert np.all(ours.selection.weights == 1.0) and ours.selection.n_kept == 96
     report = ours.selection_report
     assert report.n_clusters == 1 and report.clustering_method == "none" and report.token_kind == "input"
@@ -290,7 +297,7 @@ def test_stock_trainer_equivalence_at_full_fraction(tmp_path, lm_dataset, collat
     assert report.features_seconds < 0.05
     batches = [ids for _, ids in ours.seen]
     assert all(len(ids) == 4 for ids in batches)  # fixed-size batches, so a stock DataLoader rebuilds them exactly
-    assert sorted(i for ids in batches[4:28] for i in ids) == list(range(96))  # epoch 1 = every example once
+    assert sorted(i for ids in batches[:24] for i in ids) == list(range(96))  # epoch 1 = every example once
 
     stock = OrderedStockTrainer(model=copy.deepcopy(_tiny_lm_base), args=make_args(
         tmp_path / "s", max_steps=plan.total_steps), train_dataset=lm_dataset, data_collator=collator)

@@ -59,4 +59,4 @@ _DOC = """Per-example mean over loss-bearing tokens of BADGE's `(p - onehot(y)) 
     Raises:
         TypeError, ValueError: see `head_pass.feature_pass`.
     """
-badge_features = FEATURES.register("badge")(signal_features(lambda kwargs: Badge(kwargs.get("projection_seed", 0)), _DOC))
+badge_features = FEATURES.register("badge")(signal_features(lambda kwargs: Badge(kwargs.get("projection_seed", 0)), _DOC, "badge_features"))

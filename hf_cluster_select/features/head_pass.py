@@ -216,7 +216,8 @@ def feature_pass(
                          norms=norms.clone(), losses=losses.clone())
 
 
-def signal_features(make_signal: Callable[[dict], Signal], doc: str) -> Callable[..., FeatureOutput]:
+def signal_features(make_signal: Callable[[dict], Signal], doc: str,
+                    name: str = "features") -> Callable[..., FeatureOutput]:
     """The registry function of a signal: `(model, dataset, indices, collate_fn, **kwargs) -> FeatureOutput`, running
     `feature_pass` with `make_signal(kwargs)` (kwargs as `feature_pass` takes them); `doc` becomes its docstring."""
 
@@ -225,4 +226,6 @@ def signal_features(make_signal: Callable[[dict], Signal], doc: str) -> Callable
         return feature_pass(model, dataset, indices, collate_fn, make_signal(kwargs), **kwargs)
 
     features.__doc__ = doc
+    features.__name__ = features.__qualname__ = name
     return features
+

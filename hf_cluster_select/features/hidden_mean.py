@@ -28,4 +28,4 @@ _DOC = """Per-example mean over loss-bearing tokens of the output head's input `
     Raises:
         TypeError, ValueError: see `head_pass.feature_pass`.
     """
-hidden_mean_features = FEATURES.register("hidden_mean")(signal_features(lambda kwargs: HiddenMean(), _DOC))
+hidden_mean_features = FEATURES.register("hidden_mean")(signal_features(lambda kwargs: HiddenMean(), _DOC, "hidden_mean_features"))

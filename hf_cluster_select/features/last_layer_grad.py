@@ -32,4 +32,4 @@ _DOC = """Per-example mean over loss-bearing tokens of `(p_t[y_t] - 1) · h_t` (
     Raises:
         TypeError, ValueError: see `head_pass.feature_pass`.
     """
-last_layer_grad_features = FEATURES.register("last_layer_grad")(signal_features(lambda kwargs: LastLayerGrad(), _DOC))
+last_layer_grad_features = FEATURES.register("last_layer_grad")(signal_features(lambda kwargs: LastLayerGrad(), _DOC, "last_layer_grad_features"))

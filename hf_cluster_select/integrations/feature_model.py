@@ -14,31 +14,62 @@ import torch
 from ..persistence import SELECTION_FILENAME, SavedSelection, load_selection
 
 
+def _head_kind(model: torch.nn.Module) -> str:
+    """`"lm"` for a model with output embeddings (causal LM, encoder–decoder), else `"classification"`."""
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    getter = getattr(base, "get_output_embeddings", None)
+    try:
+        return "lm" if callable(getter) and isinstance(getter(), torch.nn.Module) else "classification"
+    except (NotImplementedError, AttributeError):
+        return "classification"
+
+
 def load_feature_model(feature_model: torch.nn.Module | str | None,
                        model: torch.nn.Module | None) -> torch.nn.Module | None:
-    """`ClusterTrainer(feature_model=...)` checked and loaded: a module as is, a path with the trained model's class
-    (`from_pretrained`, the base class under PEFT), `None` as `None`.
+    """`ClusterTrainer(feature_model=...)` checked and loaded: a module as is; a path with the `AutoModel` class of
+    the trained model's task (`AutoModelForCausalLM`, `AutoModelForSeq2SeqLM` or
+    `AutoModelForSequenceClassification`, so any architecture loads as itself); `None` as `None`. Checked before
+    any training: the same kind of head as the trained model, a vocabulary at least as large (shared tokenizer),
+    and for classification the same number of labels.
 
     Raises:
         TypeError: for another type.
-        ValueError: for a path without `config.json`, or a vocabulary smaller than the trained model's.
+        ValueError: for a path without `config.json`, another kind of head, a smaller vocabulary, or another
+            number of labels — each naming `feature_model`.
     """
     if feature_model is None:
         return None
+    if model is None:
+        raise TypeError("`feature_model` needs `model`: it is checked against the trained model.")
+    kind = _head_kind(model)
     if isinstance(feature_model, (str, os.PathLike)):
         path = os.fspath(feature_model)
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise ValueError(f"`feature_model` must be a model or the folder of one (with config.json), got {path!r}.")
-        base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
-        if base is None:
-            raise TypeError("`feature_model` given as a path needs `model` to know which class to load it with.")
-        feature_model = type(base).from_pretrained(path)
+        import transformers
+
+        config = getattr(model, "config", None)
+        if kind == "classification":
+            auto, extra = transformers.AutoModelForSequenceClassification, {"num_labels": config.num_labels}
+        elif getattr(config, "is_encoder_decoder", False):
+            auto, extra = transformers.AutoModelForSeq2SeqLM, {}
+        else:
+            auto, extra = transformers.AutoModelForCausalLM, {}
+        feature_model = auto.from_pretrained(path, **extra)
     if not isinstance(feature_model, torch.nn.Module):
         raise TypeError(f"`feature_model` must be a torch.nn.Module, a path or None, got {type(feature_model).__name__}.")
-    ours, theirs = (getattr(getattr(m, "config", None), "vocab_size", None) for m in (model, feature_model))
-    if isinstance(ours, int) and isinstance(theirs, int) and theirs < ours:
-        raise ValueError(f"`feature_model` has a vocabulary of {theirs} tokens, the trained model {ours}: they must "
-                         "share the tokenizer.")
+    if _head_kind(feature_model) != kind:
+        raise ValueError(f"`feature_model` ({type(feature_model).__name__}) has another kind of output head than the "
+                         f"trained model ({type(model).__name__}): both must be language models or both classifiers.")
+    ours, theirs = (getattr(m, "config", None) for m in (model, feature_model))
+    if kind == "lm":
+        vocab, their_vocab = getattr(ours, "vocab_size", None), getattr(theirs, "vocab_size", None)
+        if isinstance(vocab, int) and isinstance(their_vocab, int) and their_vocab < vocab:
+            raise ValueError(f"`feature_model` has a vocabulary of {their_vocab} tokens, the trained model {vocab}: "
+                             "they must share the tokenizer.")
+    elif getattr(ours, "num_labels", None) != getattr(theirs, "num_labels", None):
+        raise ValueError(f"`feature_model` has {getattr(theirs, 'num_labels', None)} labels, the trained model "
+                         f"{getattr(ours, 'num_labels', None)}: they must classify into the same labels.")
     return feature_model.eval()
 
 

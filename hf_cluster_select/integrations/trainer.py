@@ -245,11 +245,11 @@ class ClusterSelectMixin(SelectionOutputsMixin):
         if resume_from_checkpoint is not None:
             run.clock.restore(ClusterSelectCallback.saved_seconds(self.state.stateful_callbacks))
         if resume_from_checkpoint is not None and self.state.global_step > 0:
-            epochs_trained, skip = run.plan.locate(self.state.global_step)
-            skip = 0 if self.args.ignore_data_skip else skip
             saved = load_selection(resume_from_checkpoint)
             if saved is not None and run.selection is None:
-                run.adopt_saved(saved)
+                run.adopt_saved(saved)  # first: other data or settings are named before any step arithmetic
+            epochs_trained, skip = run.plan.locate(self.state.global_step)
+            skip = 0 if self.args.ignore_data_skip else skip
         return epochs_trained, skip
 
     def _run_epoch(self, model, epoch, train_dataloader, steps_in_epoch, num_update_steps_per_epoch, *args, **kwargs):

@@ -25,6 +25,7 @@ MEASURED = "measured"
 _FLOAT_FIELDS = (
     "warmup_seconds", "features_seconds", "clustering_seconds", "selection_seconds", "training_seconds",
     "total_seconds", "full_data_seconds", "seconds_saved", "fraction_saved", "fraction_kept", "fraction_tokens_kept",
+    "padded_tokens_per_batch_full", "padded_tokens_per_batch_selected",
 )
 _METRIC_FIELDS = (
     "n_examples", "n_kept", "fraction_kept", "tokens_total", "tokens_kept", "fraction_tokens_kept", "n_clusters",
@@ -63,9 +64,10 @@ def estimate_savings(
 
     The full-data time is `measured_full_seconds` when the caller ran it, otherwise it is estimated from this run's
     measured throughput: (warm-up seconds + post-selection training seconds × `length_ratio`) / (warm-up steps +
-    selected steps) × the number of steps full-data training would take. `length_ratio` = mean input tokens of a
-    full-data example / of a kept example: a step holds the same number of examples in both runs, so its cost
-    scales with their length (a selection of long examples has slower steps than full-data training would). Averaging over every optimizer step of the run keeps the estimate
+    selected steps) × the number of steps full-data training would take. `length_ratio` = padded tokens of a
+    full-data step (the stock sampler's random batches) / of a selected step (this run's batch plan), or mean input
+    tokens per example of the full data / of the kept set: a step's cost scales with its padded tokens (a selection
+    of long examples has slower steps than full-data training would; random batches pad more). Averaging over every optimizer step of the run keeps the estimate
     stable (a few warm-up steps alone, first-step overhead included, swung it by tens of percent); the steps of the
     subset may be longer or shorter than average, and token-balanced batches pad less than the stock sampler, so a
     measured full-data run (`measured_full_seconds`) is the reference when it matters.
@@ -78,7 +80,7 @@ def estimate_savings(
         selection_seconds (`float`): measured seconds of feature extraction + clustering + choosing.
         training_seconds (`float`): measured seconds of post-selection training.
         measured_full_seconds (`float`, *optional*): measured seconds of a full-data run, if one was made.
-        length_ratio (`float`, *optional*): mean input tokens per full-data example / per kept example (> 0);
+        length_ratio (`float`, *optional*): cost of a full-data step / of a selected step (> 0; see above);
             `None` = 1.
     Returns:
         `dict` with `seconds_per_step` (`float` or `None`), `full_data_seconds`, `full_data_seconds_basis` (`"measured"`
@@ -110,8 +112,8 @@ def estimate_savings(
         basis = (
             f"estimated from this run's measured throughput ({seconds_per_step:.4g} s/step over {steps:,} optimizer "
             f"steps × {int(full_data_steps):,} full-data steps"
-            + (f"; selected steps scaled by {ratio:.3g}, the full data's mean input tokens per example over the kept "
-               "set's)" if length_ratio is not None else ")")
+            + (f"; selected steps scaled by {ratio:.3g}, the padded tokens of a full-data step over a selected step's)"
+               if length_ratio is not None else ")")
         )
     else:
         raise ValueError("Cannot estimate the full-data time: `warmup_steps` and `selected_steps` are both 0.")
@@ -157,7 +159,10 @@ class SelectionReport:
             time compared against and whether it was measured or estimated (see `estimate_savings`).
         seconds_saved (`float` seconds), fraction_saved (`float`, share of full_data_seconds), or `None`.
         input_tokens_total, input_tokens_kept (`int` or `None`): all input tokens (prompt included) of all / kept
-            examples: what a step costs; they scale the estimated full-data time (`estimate_savings`).
+            examples.
+        padded_tokens_per_batch_full, padded_tokens_per_batch_selected (`float` or `None`): mean padded tokens of a
+            stock-sampler batch of the full data (simulated) and of a batch of this run's subset plan
+            (`batching/padding.py`): what a step costs; their ratio scales the estimated full-data time.
     """
 
     n_examples: int
@@ -200,6 +205,8 @@ class SelectionReport:
     n_dropped_by_preparation: int | None = None
     input_tokens_total: int | None = None
     input_tokens_kept: int | None = None
+    padded_tokens_per_batch_full: float | None = None
+    padded_tokens_per_batch_selected: float | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -280,7 +287,10 @@ class SelectionReport:
         return out
 
     def length_ratio(self) -> float | None:
-        """Mean input tokens per example of the full data over that of the kept set, `None` when not counted."""
+        """Padded tokens of a stock full-data batch over those of a batch of the subset plan; without them, mean
+        input tokens per example of the full data over the kept set's; `None` when neither was counted."""
+        if self.padded_tokens_per_batch_full and self.padded_tokens_per_batch_selected:
+            return self.padded_tokens_per_batch_full / self.padded_tokens_per_batch_selected
         if not (self.input_tokens_total and self.input_tokens_kept and self.n_kept and self.n_examples):
             return None
         return (self.input_tokens_total / self.n_examples) / (self.input_tokens_kept / self.n_kept)

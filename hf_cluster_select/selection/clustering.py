@@ -98,7 +98,9 @@ def cluster_features(
     Rows are L2-normalised (zero rows stay zero), identical rows are merged (they share a label), and the distinct
     rows are reduced by a seeded PCA to `min(config.pca_dim, n_unique − 1, dim)` dimensions. Then either:
 
-    - `cluster_method="hdbscan"` (default): HDBSCAN (Campello et al. 2013) with
+    - `cluster_method="fine_kmeans"` (default): KMeans with K = ceil(budget / `kept_per_cluster`) (see
+      `kmeans_clusterer.fit_fine_kmeans`).
+    - `cluster_method="hdbscan"`: HDBSCAN (Campello et al. 2013) with
       `min_cluster_size=config.resolved_min_cluster_size(n_unique)` and `min_samples=config.resolved_min_samples()`.
       Noise points (label -1) get their most probable cluster (`noise_policy="assign"`, argmax of
       `hdbscan.all_points_membership_vectors`) or form one extra cluster (`"own_cluster"`). A row repeated at least

@@ -17,7 +17,7 @@ import numpy as np
 from ..config import ClusterSelectConfig
 from .budget import selection_budget
 from .clusterers import CLUSTERERS, ClusterFit
-from .sampled import seeded_sample, two_level_kmeans
+from .sampled import nearest_labels, seeded_sample, two_level_kmeans
 
 
 def _capacity_assign(points: np.ndarray, centroids: np.ndarray, capacity: int) -> np.ndarray:
@@ -62,10 +62,17 @@ def _cluster_kmeans(
         fallback = f"only {n_unique} distinct feature rows: K clipped from {requested} to {n_clusters}"
     if n_clusters == 1:
         return np.zeros(n_total, dtype=np.int64), fallback, params
+    sample = seeded_sample(n_unique, config.cluster_sample_size, config.seed)
+    fit_rows = np.arange(n_unique) if sample is None else sample
     kmeans = KMeans(n_clusters=n_clusters, n_init=10, random_state=config.seed)
-    kmeans.fit(reduced, sample_weight=counts.astype(np.float64))
+    kmeans.fit(reduced[fit_rows], sample_weight=counts[fit_rows].astype(np.float64))
+    if sample is not None:  # centroids from the sample; every row is placed below, with the cap on all of them
+        params.update(sampled_rows=int(sample.size), assignment="nearest_centroid")
     if config.kmeans_size_cap is None:
-        return np.asarray(kmeans.labels_, dtype=np.int64)[inverse], fallback, params
+        if sample is None:
+            return np.asarray(kmeans.labels_, dtype=np.int64)[inverse], fallback, params
+        labels_u = nearest_labels(reduced, kmeans.cluster_centers_, np.arange(n_clusters))
+        return labels_u[inverse], fallback, params
     capacity = math.ceil(round(float(config.kmeans_size_cap) * n_total / n_clusters, 9))
     params["size_cap_examples"] = capacity
     return _capacity_assign(reduced[inverse], kmeans.cluster_centers_, capacity), fallback, params
@@ -79,6 +86,9 @@ def fit_kmeans(
     """KMeans on the distinct rows weighted by their counts (see `clusterers.Clusterer`); no noise."""
     labels, fallback, params = _cluster_kmeans(reduced, counts, inverse, config, world_size)
     return ClusterFit(labels, None, fallback, params)
+
+
+fit_kmeans.handles_scale = True  # centroids from a sample, the size cap applied to every row (not sampled around)
 
 
 @CLUSTERERS.register("fine_kmeans")
@@ -96,7 +106,9 @@ def fit_fine_kmeans(
     n_clusters = min(requested, n_unique)
     params: dict[str, Any] = {"n_clusters_requested": requested, "kept_per_cluster": config.kept_per_cluster}
     if n_clusters == 1:
-        return ClusterFit(np.zeros(n_total, dtype=np.int64), None, None, params)
+        why = (f"only {n_unique} distinct feature row(s): one cluster" if n_unique == 1 else
+               f"a budget of {budget} at kept_per_cluster={config.kept_per_cluster} asks for one cluster")
+        return ClusterFit(np.zeros(n_total, dtype=np.int64), None, why, params)
     sample = seeded_sample(n_unique, config.cluster_sample_size, config.seed)
     if sample is not None:
         params.update(sampled_rows=int(sample.size), assignment="two_level_kmeans")
