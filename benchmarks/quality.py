@@ -213,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"quality_{args.task}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    task = quality_tasks.TASKS[args.task](args.quick)
+    commit = os.popen("git -C " + os.path.dirname(os.path.abspath(__file__)) + " rev-parse --short HEAD").read().strip()
+    task = quality_tasks.TASKS[args.task](args.quick)  # the commit is the code that runs, read before it runs
     work = os.path.join("/tmp", f"quality_{args.task}_{os.getpid()}")
     cells = []
     for seed in args.seeds:
@@ -227,7 +228,6 @@ def main(argv: list[str] | None = None) -> int:
                 with open(out, "w", encoding="utf-8") as handle:  # partial results survive an interruption
                     json.dump({"cells": cells}, handle, indent=1)
     rows = summarise(cells, task.main_metric, task.higher_is_better)
-    commit = os.popen("git -C " + os.path.dirname(os.path.abspath(__file__)) + " rev-parse --short HEAD").read().strip()
     result = {"task": args.task, "commit": commit, "quick": args.quick, "metric": task.main_metric,
               "higher_is_better": task.higher_is_better, "n_train": len(task.train), "n_test": len(task.test),
               "recipe": task.recipe, "arms": args.arms, "summary": rows, "cells": cells}
