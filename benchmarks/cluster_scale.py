@@ -34,6 +34,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_io  # noqa: E402
 
 
 def mixture(n: int, dim: int = 32, k: int = 40, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -149,11 +151,9 @@ def main(argv=None) -> int:
     parser.add_argument("--memmap-rows", type=int, default=600_000,
                         help="rows of the memory-mapped 1024-dim cell (2.3 GiB at 600k); 0 = skip it")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "cluster_scale.json"))
-    parser.add_argument("--report", default=None, help="print the Markdown table of an existing JSON and exit")
+    bench_io.add_report_option(parser)
     args = parser.parse_args(argv)
-    if args.report:
-        with open(args.report, encoding="utf-8") as handle:
-            print(markdown(json.load(handle)))
+    if bench_io.print_report(args.report, markdown):
         return 0
     from hf_cluster_select import ClusterSelectConfig
     from sklearn.metrics import adjusted_rand_score
@@ -185,9 +185,7 @@ def main(argv=None) -> int:
            "environment": {"python": platform.python_version(), "cpu_count": os.cpu_count(),
                            "commit": os.popen(f"git -C {ROOT} rev-parse --short HEAD").read().strip()}}
     if not args.quick:
-        os.makedirs(os.path.dirname(args.out), exist_ok=True)
-        with open(args.out, "w", encoding="utf-8") as handle:
-            json.dump(out, handle, indent=1)
+        bench_io.write_json(args.out, out)
     return 0
 
 

@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_io  # noqa: E402
 import quality_tasks  # noqa: E402
 from sklearn.metrics import adjusted_rand_score  # noqa: E402
 from transformers import Trainer, TrainingArguments  # noqa: E402
@@ -147,13 +148,11 @@ def main(argv=None) -> int:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--epochs", type=float, nargs="+", default=[1, 3])
     parser.add_argument("--quick", action="store_true", help="tiny pools, 1 epoch (a smoke run; writes no JSON)")
-    parser.add_argument("--report", default=None, help="print the Markdown tables of an existing JSON and exit")
+    bench_io.add_report_option(parser)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                       "overhead.json"))
     args = parser.parse_args(argv)
-    if args.report:
-        with open(args.report, encoding="utf-8") as handle:
-            print(markdown(json.load(handle)))
+    if bench_io.print_report(args.report, markdown):
         return 0
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     work = os.path.join("/tmp", f"overhead_{os.getpid()}")
@@ -169,9 +168,7 @@ def main(argv=None) -> int:
         result["models"][name] = entry
         print(json.dumps({name: entry}, indent=1), flush=True)
     if not args.quick:
-        os.makedirs(os.path.dirname(args.out), exist_ok=True)
-        with open(args.out, "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=1)
+        bench_io.write_json(args.out, result)
     return 0
 
 

@@ -38,6 +38,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_io  # noqa: E402
 import quality_tasks  # noqa: E402
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
@@ -202,11 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", nargs="+", default=DEFAULT_ARMS)
     parser.add_argument("--quick", action="store_true", help="tiny pools, 1 epoch, one fraction and seed")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/quality_<task>.json)")
-    parser.add_argument("--report", default=None, help="print the Markdown table of an existing JSON and exit")
+    bench_io.add_report_option(parser)
     args = parser.parse_args(argv)
-    if args.report:
-        with open(args.report, encoding="utf-8") as handle:
-            print(markdown(json.load(handle)))
+    if bench_io.print_report(args.report, markdown):
         return 0
     if args.quick:
         args.fractions, args.seeds = args.fractions[:1] if args.fractions != [0.1, 0.3, 0.5] else [0.5], [0]
