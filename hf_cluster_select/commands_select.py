@@ -80,13 +80,9 @@ def tokenize(rows, tokenizer, args: argparse.Namespace) -> tuple[list[dict], lis
     return examples, texts
 
 
-def inspection(result, chosen, lengths, losses, texts, examples: int = 3) -> list[dict]:
+def inspection(result, weights, kept, lengths, losses, texts, examples: int = 3) -> list[dict]:
     """Per cluster: size, kept, total weight of its kept examples, mean tokens, mean warm-up loss and the texts of
-    its first kept examples (then of the others)."""
-    weights = np.zeros(lengths.size)
-    weights[chosen.indices] = chosen.weights
-    kept = np.zeros(lengths.size, dtype=bool)
-    kept[chosen.indices] = True
+    its first kept examples (then of the others). `weights` / `kept` are per example `[n]` (0 / False if dropped)."""
     rows = []
     for cluster in range(result.n_clusters):
         members = np.flatnonzero(result.labels == cluster)
@@ -158,7 +154,7 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
     fingerprint = data_fingerprint(lengths, token_digest(datasets.Dataset.from_list(examples)))
     save_selection(args.output, chosen, labels=result.labels, raw_labels=result.raw_labels, config=config.to_dict(),
                    fingerprint=fingerprint, extra={"report": report.to_dict()})
-    clusters = inspection(result, chosen, lengths, out.losses.numpy(), texts)
+    clusters = inspection(result, weights, kept, lengths, out.losses.numpy(), texts)
     with open(os.path.join(args.output, "clusters.json"), "w", encoding="utf-8") as handle:
         json.dump(clusters, handle, indent=1)
     summary = {"n_examples": len(examples), "n_kept": chosen.n_kept, "n_clusters": result.n_clusters,
