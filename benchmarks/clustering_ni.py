@@ -171,7 +171,7 @@ def report_group(features: np.ndarray, truth: np.ndarray, configs: dict, seed: i
         out["configs"][name] = row
     rng = np.random.default_rng(seed)
     for fraction in (0.1, 0.3):
-        config = ClusterSelectConfig(data_fraction=fraction, seed=seed)
+        config = ClusterSelectConfig(data_fraction=fraction, selection_seed=seed)
         chosen = select_subset(cluster_features(features, config), config)
         uniform = np.sort(rng.choice(truth.size, size=chosen.n_kept, replace=False))
         out[f"coverage_f{fraction}"] = {"default_selection": coverage(truth[chosen.indices], out["n_skills"]),

@@ -109,7 +109,7 @@ def end_to_end(task, work: str, epochs: float) -> dict:
     full_seconds = time.perf_counter() - start
     ours = ClusterTrainer(model=task.make_model(0), args=training_args(task, os.path.join(work, "ours"), epochs),
                           train_dataset=task.train, data_collator=task.collator,
-                          cluster_config=ClusterSelectConfig(data_fraction=0.3, seed=0))
+                          cluster_config=ClusterSelectConfig(data_fraction=0.3, selection_seed=0))
     start = time.perf_counter()
     ours.train()
     ours_seconds = time.perf_counter() - start

@@ -7,7 +7,7 @@
 Arms, each from the same model initialisation (per seed), the same recipe and the same epochs over its own data:
 - `full`: stock `Trainer` on every example (once per seed);
 - `random`: stock `Trainer` on a seeded uniformly random subset of `round(f·n)` examples;
-- `default`: `ClusterTrainer` with `ClusterSelectConfig(data_fraction=f, seed=seed)`;
+- `default`: `ClusterTrainer` with `ClusterSelectConfig(data_fraction=f, selection_seed=seed)`;
 - `paper_selection`: CluSTER's selection (KMeans K = 2 = the paper's world size of its smallest setting, sizes
   capped at 1.5·n/K, uniform quota, peripheral members, loss weight K·|C_k|/N, select before training) on one
   process. With a uniform quota, CluSTER's per-rank weight equals the per-example weight `|C_k| / kept_k` rescaled,
@@ -63,7 +63,7 @@ def arm_config(arm: str, fraction: float, seed: int) -> ClusterSelectConfig | No
             overrides[key] = json.loads(value) if value[:1] in "0123456789-[{tfn" else value
     elif arm != "default":
         raise ValueError(f"unknown arm {arm!r}")
-    return ClusterSelectConfig(data_fraction=fraction, seed=seed, **overrides)
+    return ClusterSelectConfig(data_fraction=fraction, selection_seed=seed, **overrides)
 
 
 def group_balance(groups: np.ndarray, n_groups: int, indices: np.ndarray, weights: np.ndarray) -> dict:

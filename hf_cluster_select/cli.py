@@ -1,56 +1,77 @@
-"""Command-line parsing of `TrainingArguments` together with `ClusterSelectConfig` (layer L5).
+"""Command-line parsing of `TrainingArguments` (or TRL's `SFTConfig`) together with `ClusterSelectConfig` (layer L5).
 
-`HfArgumentParser((TrainingArguments, ClusterSelectConfig))` cannot work as is: both classes have `warmup_steps`
-and `seed` (different meanings), and argparse refuses two `--warmup_steps` options. `parse_training_and_cluster_args`
-exposes every `ClusterSelectConfig` field with a `--cluster_` prefix (`--cluster_data_fraction 0.3`,
-`--cluster_warmup_steps 10`, `--cluster_seed 0`), keeping HfArgumentParser's types, defaults, choices and help.
+No `ClusterSelectConfig` field collides with `TrainingArguments` or `SFTConfig` (0.2 renamed `warmup_steps` and
+`seed` to `selection_warmup_steps` and `selection_seed`), so the usual parser works as is:
+
+    training_args, cluster_config = HfArgumentParser((TrainingArguments, ClusterSelectConfig)).parse_args_into_dataclasses()
+
+`parse_training_and_cluster_args` does the same and still reads the 0.1 `--cluster_<field>` options (with a
+`FutureWarning`). `python -m hf_cluster_select.cli` is the `hf-cluster-select` command (`hf_cluster_select.commands`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Sequence
 
 from transformers import HfArgumentParser, TrainingArguments
 
-from .config import ClusterSelectConfig
+from .config import RENAMED_FIELDS, ClusterSelectConfig
 
-PREFIX = "cluster_"
-
-
-def _prefixed_dataclass() -> type:
-    fields = []
-    for f in dataclasses.fields(ClusterSelectConfig):
-        default = f.default if f.default is not dataclasses.MISSING else None
-        fields.append((PREFIX + f.name, f.type, dataclasses.field(default=default, metadata=dict(f.metadata))))
-    return dataclasses.make_dataclass("ClusterSelectArguments", fields)
+LEGACY_PREFIX = "--cluster_"  # 0.1's options: --cluster_data_fraction, --cluster_warmup_steps, --cluster_seed, ...
 
 
-def make_parser(*extra_dataclasses: type) -> HfArgumentParser:
-    """An `HfArgumentParser` for `TrainingArguments`, the prefixed `ClusterSelectConfig` fields, and any of your
-    own argument dataclasses (`extra_dataclasses`)."""
-    return HfArgumentParser((TrainingArguments, _prefixed_dataclass(), *extra_dataclasses))
+def make_parser(*extra_dataclasses: type, training_args_class: type = TrainingArguments) -> HfArgumentParser:
+    """An `HfArgumentParser` for `training_args_class` (`TrainingArguments`, `SFTConfig`, ...), `ClusterSelectConfig`
+    and any of your own argument dataclasses (`extra_dataclasses`)."""
+    return HfArgumentParser((training_args_class, ClusterSelectConfig, *extra_dataclasses))
+
+
+def _upgrade_legacy_options(args: Sequence[str]) -> list[str]:
+    """0.1's `--cluster_<field>` options as the plain field options (`--cluster_seed` → `--selection_seed`); an
+    option that is itself a field (`--cluster_method`, `--cluster_sample_size`) is left alone."""
+    fields = {f.name for f in dataclasses.fields(ClusterSelectConfig)}
+    upgraded, legacy = [], []
+    for arg in args:
+        name, sep, value = arg.partition("=")
+        stripped = name[len(LEGACY_PREFIX):].replace("-", "_") if name.startswith(LEGACY_PREFIX) else None
+        if stripped is not None and name[2:].replace("-", "_") not in fields:
+            stripped = RENAMED_FIELDS.get(stripped, stripped)
+            if stripped in fields:
+                legacy.append(name)
+                arg = f"--{stripped}{sep}{value}"
+        upgraded.append(arg)
+    if legacy:
+        warnings.warn(f"the `--cluster_` options are deprecated and will be removed in 0.3 ({', '.join(legacy)}): "
+                      "use the field names (`--data_fraction`, `--selection_warmup_steps`, `--selection_seed`).",
+                      FutureWarning, stacklevel=3)
+    return upgraded
 
 
 def parse_training_and_cluster_args(
-    args: Sequence[str] | None = None, *extra_dataclasses: type
+    args: Sequence[str] | None = None, *extra_dataclasses: type, training_args_class: type = TrainingArguments
 ) -> tuple:
-    """Parse a command line into `(TrainingArguments, ClusterSelectConfig, *your dataclasses)`.
+    """Parse a command line into `(training arguments, ClusterSelectConfig, *your dataclasses)`.
 
     Args:
         args (sequence of `str`, *optional*): the arguments; `sys.argv[1:]` when `None`.
         *extra_dataclasses (`type`): more argument dataclasses to parse alongside.
+        training_args_class (`type`, *optional*): `TrainingArguments` (default) or a subclass such as TRL's
+            `SFTConfig` or `Seq2SeqTrainingArguments`.
     Returns:
-        `tuple`: the parsed `TrainingArguments`, `ClusterSelectConfig` and one instance per extra dataclass.
+        `tuple`: the parsed training arguments, `ClusterSelectConfig` and one instance per extra dataclass.
     Raises:
-        SystemExit: on a malformed option value or `--help` (argparse's behaviour).
-        ValueError: on an unknown option (`HfArgumentParser` lists the ones it did not use).
-        ValueError: from `ClusterSelectConfig.__post_init__` for an out-of-range value.
+        SystemExit: on a malformed option value, a value outside a field's choices, or `--help` (argparse).
+        ValueError: on an unknown option (`HfArgumentParser` lists the ones it did not use), or from
+            `ClusterSelectConfig.__post_init__` for an out-of-range value.
     """
-    parsed = make_parser(*extra_dataclasses).parse_args_into_dataclasses(args=args)
-    training, prefixed, *rest = parsed
-    values = {f.name: getattr(prefixed, PREFIX + f.name) for f in dataclasses.fields(ClusterSelectConfig)}
-    return (training, ClusterSelectConfig(**values), *rest)
+    if args is None:
+        import sys
+
+        args = sys.argv[1:]
+    parser = make_parser(*extra_dataclasses, training_args_class=training_args_class)
+    return tuple(parser.parse_args_into_dataclasses(args=_upgrade_legacy_options(args)))
 
 
 if __name__ == "__main__":  # `python -m hf_cluster_select.cli` is the `hf-cluster-select` command

@@ -22,7 +22,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from .config import ClusterSelectConfig
+from .config import OPTIONAL_NUMBERS, RENAMED_FIELDS, ClusterSelectConfig
 
 TEXT_PREVIEW = 120  # characters of each example shown by `report`
 
@@ -30,10 +30,16 @@ TEXT_PREVIEW = 120  # characters of each example shown by `report`
 def _config_options(parser: argparse.ArgumentParser) -> None:
     """One `--field-name` option per `ClusterSelectConfig` field, with its help text and default."""
     group = parser.add_argument_group("selection settings (ClusterSelectConfig)")
+    old_names = {new: old for old, new in RENAMED_FIELDS.items()}
     for field in dataclasses.fields(ClusterSelectConfig):
         default = field.default if field.default is not dataclasses.MISSING else None
-        group.add_argument("--" + field.name.replace("_", "-"), dest="cfg_" + field.name, default=default,
-                           metavar=str(field.type).replace("| None", "").strip() or "VALUE",
+        names = ["--" + field.name.replace("_", "-")]
+        if field.name in old_names:  # `--seed` / `--warmup-steps`: nothing collides here
+            names.append("--" + old_names[field.name].replace("_", "-"))
+        kind = OPTIONAL_NUMBERS.get(field.name)
+        metavar = f"{kind.__name__.upper()}|None" if kind else str(field.type).split(" |")[0].upper()
+        group.add_argument(*names, dest="cfg_" + field.name, default=default, metavar=metavar,
+                           choices=field.metadata.get("choices"),
                            help=f"{field.metadata.get('help', '')} (default: {default!r})")
 
 

@@ -125,7 +125,7 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
         out = FEATURES.get(config.feature)(
             model, examples, list(range(len(examples))), functools.partial(pad_collate, pad_token_id=pad),
             batch_size=args.batch_size, lengths=lengths.tolist(), projection_dim=config.projection_dim,
-            projection_seed=config.seed, show_progress=True, shift_labels=True)
+            projection_seed=config.selection_seed, show_progress=True, shift_labels=True)
     features_seconds = time.perf_counter() - start
     print(f"[3/4] clustering and selection ({config.cluster_method}, {config.within_cluster})", flush=True)
     start = time.perf_counter()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +24,12 @@ WITHIN_CLUSTER = (
 )
 QUOTAS = ("proportional", "uniform")
 ALLOCATIONS = ("balanced", "paper")
+# 0.1 names that collide with TrainingArguments; accepted (with a FutureWarning) until 0.3
+RENAMED_FIELDS = {"warmup_steps": "selection_warmup_steps", "seed": "selection_seed"}
+# optional fields a command line sets as text ("None", "16"): HfArgumentParser parses `X | str | None` as str
+OPTIONAL_NUMBERS = {"selection_warmup_steps": int, "projection_dim": int, "feature_batch_size": int,
+                    "feature_layers": int, "hdbscan_min_cluster_size": int, "hdbscan_min_samples": int,
+                    "pca_dim": int, "kmeans_n_clusters": int, "kmeans_size_cap": float, "cluster_sample_size": int}
 
 
 def _choices(values: tuple[str, ...]) -> list[str]:
@@ -32,9 +40,12 @@ def _choices(values: tuple[str, ...]) -> list[str]:
 class ClusterSelectConfig:
     """Settings of ClusterTrainer's warm-up → features → clustering → selection → allocation pipeline.
 
-    Every field can be parsed from the command line together with `TrainingArguments` by
-    `hf_cluster_select.cli.parse_training_and_cluster_args` (as `--cluster_<field>`: `warmup_steps` and `seed` exist
-    in both classes, so a plain `HfArgumentParser((TrainingArguments, ClusterSelectConfig))` refuses them).
+    Every field can be parsed from the command line with `TrainingArguments` or TRL's `SFTConfig`:
+    `HfArgumentParser((TrainingArguments, ClusterSelectConfig)).parse_args_into_dataclasses()` (`--data_fraction 0.3
+    --pca_dim None`; no field name collides with either class). Optional numeric fields are typed `int | str | None`
+    so that a command line can set them to `None`: a string is parsed as on the command line ("None" → None,
+    "16" → 16). `warmup_steps` and `seed`, the 0.1 names of `selection_warmup_steps` and `selection_seed`, are still
+    accepted as keyword arguments and attributes with a `FutureWarning` (removed in 0.3).
 
     The defaults were chosen on the quality benchmarks (README, "Selection quality"; `benchmarks/probe.py`,
     `benchmarks/quality.py`): BADGE's last-layer gradient (Ash et al., ICLR 2020) as the feature, fine KMeans strata
@@ -51,7 +62,7 @@ class ClusterSelectConfig:
     data_fraction: float = field(
         default=0.3, metadata={"help": "Share of training examples to keep after selection, in (0, 1]."}
     )
-    warmup_steps: int | None = field(
+    selection_warmup_steps: int | str | None = field(
         default=None,
         metadata={
             "help": "Optimizer steps on the full data before selection; None = the LR warm-up steps of "
@@ -75,15 +86,15 @@ class ClusterSelectConfig:
             "choices": _choices(FEATURE_CONTEXTS),
         },
     )
-    projection_dim: int | None = field(
+    projection_dim: int | str | None = field(
         default=None,
         metadata={"help": "Random-projection dimension of the features; None keeps the model's hidden size."},
     )
-    feature_batch_size: int | None = field(
+    feature_batch_size: int | str | None = field(
         default=None,
         metadata={"help": "Examples per forward pass during feature extraction; None = per-device eval batch size."},
     )
-    feature_layers: int | None = field(
+    feature_layers: int | str | None = field(
         default=None,
         metadata={"help": "Features from only the first k transformer blocks of the model (then its final norm and "
                   "head): a cheaper proxy, about k / n_layers of the feature pass; None = all blocks."},
@@ -100,14 +111,14 @@ class ClusterSelectConfig:
         default=4,
         metadata={"help": "cluster_method='fine_kmeans': examples the budget keeps per cluster (K = budget / this)."},
     )
-    hdbscan_min_cluster_size: int | None = field(
+    hdbscan_min_cluster_size: int | str | None = field(
         default=None,
         metadata={"help": "HDBSCAN min_cluster_size (>= 2); None = clamp(round(sqrt(n) / 2.5), 5, 100)."},
     )
-    hdbscan_min_samples: int | None = field(
+    hdbscan_min_samples: int | str | None = field(
         default=None, metadata={"help": "HDBSCAN min_samples (>= 1); None = 1 (least noise, measured best)."}
     )
-    pca_dim: int | None = field(
+    pca_dim: int | str | None = field(
         default=16,
         metadata={"help": "Dimension the L2-normalised features are reduced to by PCA before clustering; None = none."},
     )
@@ -119,15 +130,15 @@ class ClusterSelectConfig:
             "choices": _choices(NOISE_POLICIES),
         },
     )
-    kmeans_n_clusters: int | None = field(
+    kmeans_n_clusters: int | str | None = field(
         default=None,
         metadata={"help": "K for cluster_method='kmeans'; None = the world size (CluSTER's choice), at least 2."},
     )
-    kmeans_size_cap: float | None = field(
+    kmeans_size_cap: float | str | None = field(
         default=None,
         metadata={"help": "Cap on KMeans cluster sizes as a multiple of n/K (CluSTER: 1.5); None = no cap."},
     )
-    cluster_sample_size: int | None = field(
+    cluster_sample_size: int | str | None = field(
         default=20000,
         metadata={"help": "Above this many distinct feature rows, PCA and the clusterer are fitted on a seeded sample "
                   "of this size and every other row joins the cluster of its nearest exemplar (fine_kmeans: a "
@@ -161,7 +172,7 @@ class ClusterSelectConfig:
         default="balanced",
         metadata={
             "help": "'balanced' = every micro-step mixes clusters in proportion and balances tokens; 'paper' = "
-            "CluSTER's one cluster per rank, loss × K·|C_k|/N per rank, selection before training (warmup_steps 0).",
+            "CluSTER's one cluster per rank, loss × K·|C_k|/N per rank, selection before training (selection_warmup_steps 0).",
             "choices": _choices(ALLOCATIONS),
         },
     )
@@ -176,16 +187,18 @@ class ClusterSelectConfig:
             "of the budget, and clusters are split by it; None = clusters alone set the shares."
         },
     )
-    seed: int = field(default=42, metadata={"help": "Seed of selection and batch order."})
+    selection_seed: int = field(default=42, metadata={"help": "Seed of selection and batch order (features' random "
+                                                      "projection, clustering, sampling rules, batch order)."})
 
     def __post_init__(self) -> None:
+        self._parse_text_values()
         if isinstance(self.data_fraction, bool) or not isinstance(self.data_fraction, (int, float)):
             raise TypeError(f"`data_fraction` must be a float in (0, 1], got {self.data_fraction!r}.")
         self.data_fraction = float(self.data_fraction)
         if not (0.0 < self.data_fraction <= 1.0) or math.isnan(self.data_fraction):
             raise ValueError(f"`data_fraction` must be in (0, 1], got {self.data_fraction}.")
         for name, minimum in (
-            ("warmup_steps", 0),
+            ("selection_warmup_steps", 0),
             ("projection_dim", 1),
             ("feature_batch_size", 1),
             ("hdbscan_min_cluster_size", 2),
@@ -219,17 +232,35 @@ class ClusterSelectConfig:
             if getattr(self, name) not in allowed:
                 choices = list(dict.fromkeys(allowed))
                 raise ValueError(f"`{name}` must be one of {choices}, got {getattr(self, name)!r}.")
-        if self.allocation == "paper" and self.warmup_steps not in (None, 0):
+        if self.allocation == "paper" and self.selection_warmup_steps not in (None, 0):
             raise ValueError(
                 f"`allocation`='paper' selects before training (CluSTER; its batch count depends on the cluster sizes), "
-                f"so `warmup_steps` must be 0 or None, got {self.warmup_steps}."
+                f"so `selection_warmup_steps` must be 0 or None, got {self.selection_warmup_steps}."
             )
         if self.stratify_column is not None and (not isinstance(self.stratify_column, str) or not self.stratify_column):
             raise TypeError(f"`stratify_column` must be a column name or None, got {self.stratify_column!r}.")
         if not isinstance(self.balance_tokens, bool):
             raise TypeError(f"`balance_tokens` must be a bool, got {self.balance_tokens!r}.")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise TypeError(f"`seed` must be an int, got {self.seed!r}.")
+        if isinstance(self.selection_seed, bool) or not isinstance(self.selection_seed, int):
+            raise TypeError(f"`selection_seed` must be an int, got {self.selection_seed!r}.")
+
+    def _parse_text_values(self) -> None:
+        """Command-line text of the optional fields ("None", "16", "1.5") to their values; ValueError naming the
+        field for text that is neither."""
+        for name, kind in OPTIONAL_NUMBERS.items():
+            value = getattr(self, name)
+            if isinstance(value, str):
+                text = value.strip()
+                if text.lower() in ("none", "null", ""):
+                    setattr(self, name, None)
+                    continue
+                try:
+                    setattr(self, name, kind(text))
+                except ValueError:
+                    raise ValueError(f"`{name}` must be {'an int' if kind is int else 'a number'} or None, "
+                                     f"got {value!r}.") from None
+        if isinstance(self.stratify_column, str) and self.stratify_column.strip().lower() in ("none", "null"):
+            self.stratify_column = None
 
     @classmethod
     def paper(cls, **overrides: Any) -> "ClusterSelectConfig":
@@ -241,9 +272,12 @@ class ClusterSelectConfig:
         Returns:
             `ClusterSelectConfig` with the preset applied.
         """
+        for old in RENAMED_FIELDS.keys() & overrides.keys():
+            _warn_renamed(old)
+        overrides = upgrade_config_dict(overrides)
         values: dict[str, Any] = dict(
             feature="last_layer_grad",
-            warmup_steps=0,
+            selection_warmup_steps=0,
             cluster_method="kmeans",
             kmeans_size_cap=1.5,
             pca_dim=None,
@@ -263,9 +297,12 @@ class ClusterSelectConfig:
     def from_dict(cls, values: dict[str, Any]) -> "ClusterSelectConfig":
         """Inverse of `to_dict`.
 
+        Keys of 0.1 (`warmup_steps`, `seed`) are read as their new names, so selections saved by 0.1 still load.
+
         Raises:
             ValueError: if `values` holds a key that is not a field of this class.
         """
+        values = upgrade_config_dict(values)
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - names)
         if unknown:
@@ -293,3 +330,53 @@ class ClusterSelectConfig:
     def resolved_min_samples(self) -> int:
         """HDBSCAN `min_samples`: the field, or 1."""
         return 1 if self.hdbscan_min_samples is None else self.hdbscan_min_samples
+
+
+def upgrade_config_dict(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with the 0.1 field names (`RENAMED_FIELDS`) replaced by the current ones.
+
+    Raises:
+        TypeError: if a field is given under both its old and its new name.
+    """
+    values = dict(values)
+    for old, new in RENAMED_FIELDS.items():
+        if old in values:
+            if new in values:
+                raise TypeError(f"`{new}` given twice: as `{new}` and as its deprecated name `{old}`; give `{new}` only.")
+            values[new] = values.pop(old)
+    return values
+
+
+def _warn_renamed(old: str, stacklevel: int = 3) -> None:
+    warnings.warn(f"`ClusterSelectConfig.{old}` is deprecated and will be removed in 0.3 (it collides with "
+                  f"`TrainingArguments.{old}`); use `{RENAMED_FIELDS[old]}`.", FutureWarning, stacklevel=stacklevel)
+
+
+def _renamed_property(old: str) -> property:
+    new = RENAMED_FIELDS[old]
+
+    def get(self: ClusterSelectConfig) -> Any:
+        _warn_renamed(old)
+        return getattr(self, new)
+
+    def set_(self: ClusterSelectConfig, value: Any) -> None:
+        _warn_renamed(old)
+        setattr(self, new, value)
+
+    return property(get, set_, doc=f"Deprecated name of `{new}`.")
+
+
+_fields_init = ClusterSelectConfig.__init__
+
+
+@functools.wraps(_fields_init)
+def _init_accepting_old_names(self: ClusterSelectConfig, *args: Any, **kwargs: Any) -> None:
+    for old in RENAMED_FIELDS:
+        if old in kwargs:
+            _warn_renamed(old)
+    _fields_init(self, *args, **upgrade_config_dict(kwargs))
+
+
+ClusterSelectConfig.__init__ = _init_accepting_old_names  # type: ignore[method-assign]
+for _old in RENAMED_FIELDS:
+    setattr(ClusterSelectConfig, _old, _renamed_property(_old))

@@ -95,7 +95,7 @@ def select_with_model(
             batch_size=batch_size,
             lengths=[int(lengths[i]) for i in local],
             projection_dim=config.projection_dim,
-            projection_seed=config.seed,
+            projection_seed=config.selection_seed,
             show_progress=show_progress,
             shift_labels=shift_labels,
         )

@@ -57,7 +57,7 @@ class SelectionRun:
         num_train_epochs (`float`): epochs over the selected subset (used when `max_steps <= 0`).
         max_steps (`int`, *optional*, defaults to `-1`): total optimizer steps, warm-up included.
         lr_warmup_steps (`float`, *optional*, defaults to `0`): `TrainingArguments.warmup_steps` (a step count, or a
-            ratio below 1); the warm-up on the full data when `config.warmup_steps` is `None`.
+            ratio below 1); the warm-up on the full data when `config.selection_warmup_steps` is `None`.
         shift_labels (`bool`, *optional*, defaults to `True`): whether position `t` predicts `labels[t + 1]` (causal
             LM). Decided once, here; features, validation and the weighted loss all read `self.shift_labels`.
         strata (sequence of length `n_examples`, *optional*): `config.stratify_column`'s value of every example.
@@ -127,11 +127,11 @@ class SelectionRun:
 
     def _warmup_steps(self, n: int, n_kept: int, lr_warmup_steps: float) -> int:
         """Warm-up steps on the full data: 0 for an allocation that selects first or at `data_fraction=1.0`,
-        `config.warmup_steps`, or the LR warm-up (a ratio of the planned total, see `schedule.resolve_warmup_steps`)."""
+        `config.selection_warmup_steps`, or the LR warm-up (a ratio of the planned total, see `schedule.resolve_warmup_steps`)."""
         if self.allocation.selects_before_training or self.config.data_fraction >= 1.0:
             return 0  # selection first; or nothing to select (all examples kept), so nothing to warm up for
-        if self.config.warmup_steps is not None:
-            return self.config.warmup_steps
+        if self.config.selection_warmup_steps is not None:
+            return self.config.selection_warmup_steps
         max_steps = self._steps_args["max_steps"]
         total = self._plan(n_kept, 0).total_steps if 0 < lr_warmup_steps < 1 and max_steps <= 0 else None
         return resolve_warmup_steps(lr_warmup_steps, max_steps=max_steps, total_without_warmup=total)
@@ -170,7 +170,7 @@ class SelectionRun:
         plan, config = self.plan, self.config
         return ClusterBatchSampler(
             indices=indices, labels=labels, lengths=self.lengths[np.asarray(indices)], world_size=plan.world_size,
-            per_device_batch_size=plan.per_device_batch_size, seed=config.seed, balance_tokens=config.balance_tokens,
+            per_device_batch_size=plan.per_device_batch_size, seed=config.selection_seed, balance_tokens=config.balance_tokens,
             window=config.balance_window, allocation=allocation, num_batches=num_batches,
         )
 
@@ -287,7 +287,7 @@ class SelectionRun:
         if self.subset_sampler is not None:  # the cost of a step: padded tokens, stock full-data vs this subset
             sampler = self.subset_sampler
             self.report.padded_tokens_per_batch_full = random_batch_padded_tokens(
-                self.lengths, self.plan.per_device_batch_size, seed=self.config.seed)
+                self.lengths, self.plan.per_device_batch_size, seed=self.config.selection_seed)
             self.report.padded_tokens_per_batch_selected = plan_padded_tokens(sampler.lengths, sampler.plan(1))
         self.report.total_seconds = None
         self.report.apply_savings(measured_full_seconds)

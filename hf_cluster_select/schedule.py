@@ -163,7 +163,7 @@ def plan_steps(
         if warmup_steps >= max_steps:
             raise ValueError(
                 f"`warmup_steps` ({warmup_steps}) must be smaller than the planned total of {max_steps} steps "
-                "(`max_steps`); lower `warmup_steps` (ClusterSelectConfig.warmup_steps, or TrainingArguments."
+                "(`max_steps`); lower the warm-up (ClusterSelectConfig.selection_warmup_steps, or TrainingArguments."
                 "warmup_steps when that is None) or raise `max_steps`."
             )
         selected = max_steps - warmup_steps
@@ -176,8 +176,8 @@ def plan_steps(
         if warmup_steps >= full_data_steps:
             raise ValueError(
                 f"`warmup_steps` ({warmup_steps}) must be smaller than the {full_data_steps} steps the run would "
-                f"take on the full data ({num_train_epochs} epochs); lower `warmup_steps` (ClusterSelectConfig."
-                "warmup_steps, or TrainingArguments.warmup_steps when that is None)."
+                f"take on the full data ({num_train_epochs} epochs); lower the warm-up (ClusterSelectConfig."
+                "selection_warmup_steps, or TrainingArguments.warmup_steps when that is None)."
             )
     return StepPlan(
         n_examples=n_examples,
@@ -196,7 +196,7 @@ def plan_steps(
 
 
 def resolve_warmup_steps(lr_warmup: float, *, max_steps: int = -1, total_without_warmup: int | None = None) -> int:
-    """Warm-up steps on the full data when `ClusterSelectConfig.warmup_steps` is None: the LR warm-up of
+    """Warm-up steps on the full data when `ClusterSelectConfig.selection_warmup_steps` is None: the LR warm-up of
     `TrainingArguments.warmup_steps` (an int >= 1 is a step count; a float in (0, 1) a ratio of the total steps).
 
     A ratio applies to a total that includes the warm-up itself, so with epochs the smallest fixed point

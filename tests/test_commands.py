@@ -49,7 +49,7 @@ def test_select_writes_dataset_report_and_a_reusable_selection(tmp_path, model_f
     parquet = datasets.load_dataset("parquet", data_files=os.path.join(out, "selection.parquet"), split="train")
     assert parquet["cluster_id"] == table["cluster_id"]
     report = json.load(open(os.path.join(out, "selection_report.json")))
-    assert report["n_kept"] == 10 and report["config"]["seed"] == 3 and report["features_seconds"] > 0
+    assert report["n_kept"] == 10 and report["config"]["selection_seed"] == 3 and report["features_seconds"] > 0
     clusters = json.load(open(os.path.join(out, "clusters.json")))
     assert sum(c["size"] for c in clusters) == 40 and sum(c["kept"] for c in clusters) == 10
     assert all(len(c["examples"]) <= 3 for c in clusters) and clusters[0]["examples"][0]

@@ -178,7 +178,7 @@ def test_no_local_base_model_in_any_saved_card(tmp_path, tokenizer, _tiny_lm_bas
                              save_strategy="steps", save_steps=3, report_to=[], use_cpu=True, disable_tqdm=True,
                              warmup_steps=0)
     trainer = ClusterTrainer(model=model, args=args, train_dataset=lm_dataset, data_collator=collator,
-                             cluster_config=ClusterSelectConfig(data_fraction=0.5, warmup_steps=0))
+                             cluster_config=ClusterSelectConfig(data_fraction=0.5, selection_warmup_steps=0))
     trainer.train()
     trainer.save_model()
     cards = [tmp_path / "out" / "README.md", *sorted((tmp_path / "out").glob("checkpoint-*/README.md"))]

@@ -38,8 +38,8 @@ def test_check_paper_allocation(world_size, method, k, message):
 
 def test_paper_needs_selection_before_training():
     with pytest.raises(ValueError, match="warmup_steps"):
-        ClusterSelectConfig(allocation="paper", warmup_steps=3)
-    assert ClusterSelectConfig.paper().warmup_steps == 0
+        ClusterSelectConfig(allocation="paper", selection_warmup_steps=3)
+    assert ClusterSelectConfig.paper().selection_warmup_steps == 0
 
 
 def test_paper_on_one_process_fails_before_model_work(tmp_path, tiny_lm, lm_dataset, collator):

@@ -72,7 +72,7 @@ def _trainer(tmp_path, model, lm_dataset, collator, **kwargs):
     args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, num_train_epochs=1,
                              report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, warmup_steps=0)
     return ClusterTrainer(model=model, args=args, train_dataset=lm_dataset, data_collator=collator,
-                          cluster_config=ClusterSelectConfig(data_fraction=0.5, warmup_steps=0), **kwargs)
+                          cluster_config=ClusterSelectConfig(data_fraction=0.5, selection_warmup_steps=0), **kwargs)
 
 
 def test_feature_model_is_the_one_features_come_from(tmp_path, tokenizer, tiny_lm, lm_dataset, collator,
@@ -130,7 +130,7 @@ def test_feature_layers_in_a_training_run(tmp_path, tiny_lm, lm_dataset, collato
     args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, num_train_epochs=1,
                              report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, warmup_steps=0)
     trainer = ClusterTrainer(model=tiny_lm, args=args, train_dataset=lm_dataset, data_collator=collator,
-                             cluster_config=ClusterSelectConfig(data_fraction=0.5, warmup_steps=0, feature_layers=1))
+                             cluster_config=ClusterSelectConfig(data_fraction=0.5, selection_warmup_steps=0, feature_layers=1))
     trainer.train()
     assert depth == [1] and len(trainer.model.model.layers) == 2
 

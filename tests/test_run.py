@@ -38,7 +38,7 @@ def test_plan_from_plain_values():
 
 def test_warmup_ratio_and_config_override():
     assert make_run(lr_warmup_steps=0.2).plan.warmup_steps == 3  # smallest w with w = ceil(0.2 · (w + 10))
-    assert make_run(ClusterSelectConfig(data_fraction=0.5, warmup_steps=0), lr_warmup_steps=5).plan.warmup_steps == 0
+    assert make_run(ClusterSelectConfig(data_fraction=0.5, selection_warmup_steps=0), lr_warmup_steps=5).plan.warmup_steps == 0
     assert make_run(max_steps=20, lr_warmup_steps=0.1).plan.total_steps == 20
 
 
@@ -134,8 +134,8 @@ def test_resume_refuses_other_tokens_and_other_selection_settings():
 
     with pytest.raises(ValueError, match="fingerprint mismatch"):
         run.adopt_saved(saved(config.to_dict(), data_fingerprint(np.asarray(LENGTHS), token_digest(other))))
-    changed = dict(config.to_dict(), seed=7, within_cluster="random")
-    with pytest.raises(ValueError, match=r"seed: 7 in the checkpoint, 42 now; within_cluster: 'random' in the checkpoint, 'facility_location' now"):
+    changed = dict(config.to_dict(), selection_seed=7, within_cluster="random")
+    with pytest.raises(ValueError, match=r"selection_seed: 7 in the checkpoint, 42 now; within_cluster: 'random' in the checkpoint, 'facility_location' now"):
         run.adopt_saved(saved(changed))
     with pytest.raises(ValueError, match=r"data_fraction: 0\.25 in the checkpoint, 0\.5 now"):
         run.adopt_saved(saved(dict(config.to_dict(), data_fraction=0.25)))

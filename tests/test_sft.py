@@ -232,7 +232,7 @@ def test_loss_tokens_context_ignores_prompts(tmp_path, chat_lm, chat_tokenizer, 
     for context in ("loss_tokens", "full"):
         calls = spy_features(monkeypatch)
         config = hdbscan_config(data_fraction=0.5, hdbscan_min_cluster_size=4, feature_context=context,
-                                     warmup_steps=0)
+                                     selection_warmup_steps=0)
         trainer = build(tmp_path / context, copy.deepcopy(chat_lm), chat_tokenizer, fmt, rows=rows, config=config)
         trainer.plan()
         trainer.run_selection()
@@ -249,7 +249,7 @@ def test_full_context_feature_pools_loss_tokens_only(tmp_path, chat_lm, chat_tok
     """Default features: mean over completion positions of (p_y - 1)·h on the whole sequence, L2-normalised."""
     calls = spy_features(monkeypatch)
     trainer = build(tmp_path, chat_lm, chat_tokenizer, "prompt_completion",
-                    config=hdbscan_config(data_fraction=0.5, hdbscan_min_cluster_size=4, warmup_steps=0))
+                    config=hdbscan_config(data_fraction=0.5, hdbscan_min_cluster_size=4, selection_warmup_steps=0))
     trainer.plan()
     trainer.run_selection()
     features = calls[0][3].features
@@ -286,7 +286,7 @@ def test_lora_features_come_from_adapted_model(tmp_path, chat_lm, chat_tokenizer
         return output
 
     monkeypatch.setitem(FEATURES._entries, "last_layer_grad", spy)
-    config = hdbscan_config(data_fraction=0.5, hdbscan_min_cluster_size=4, warmup_steps=1)
+    config = hdbscan_config(data_fraction=0.5, hdbscan_min_cluster_size=4, selection_warmup_steps=1)
     trainer = build(tmp_path, chat_lm, chat_tokenizer, "prompt_completion", peft=True, config=config, warmup_steps=0)
     trainer.train()
     (model, output, base), = seen

@@ -135,7 +135,7 @@ def test_report_and_model_card(tmp_path, tiny_lm, lm_dataset, collator):
     from hf_cluster_select.batching.padding import plan_padded_tokens, random_batch_padded_tokens
 
     sampler = trainer.selection_run.subset_sampler
-    full_batch = random_batch_padded_tokens(np.asarray(lengths), 4, seed=trainer.cluster_config.seed)
+    full_batch = random_batch_padded_tokens(np.asarray(lengths), 4, seed=trainer.cluster_config.selection_seed)
     ours_batch = plan_padded_tokens(sampler.lengths, sampler.plan(1))
     assert report["padded_tokens_per_batch_full"] == pytest.approx(full_batch)
     assert report["padded_tokens_per_batch_selected"] == pytest.approx(ours_batch)
@@ -285,7 +285,7 @@ def test_stock_trainer_equivalence_at_full_fraction(tmp_path, lm_dataset, collat
 
     monkeypatch.setitem(FEATURES._entries, ClusterSelectConfig().feature, refuse)
     monkeypatch.setattr(pipeline, "cluster_features", refuse)
-    config = ClusterSelectConfig(data_fraction=1.0, warmup_steps=4, balance_tokens=False)
+    config = ClusterSelectConfig(data_fraction=1.0, selection_warmup_steps=4, balance_tokens=False)
     ours = build(tmp_path / "o", copy.deepcopy(_tiny_lm_base), lm_dataset, collator, config=config)
     ours.train()
     plan = ours.step_plan

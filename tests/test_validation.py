@@ -132,16 +132,16 @@ def test_dataset_smaller_than_one_global_batch(tmp_path, tiny_lm, lm_dataset, co
 def test_warmup_not_below_planned_steps(tmp_path, tiny_lm, lm_dataset, collator):
     # 96 examples, batch 4: 24 full-data steps per epoch
     trainer = build(tmp_path, tiny_lm, lm_dataset, collator, config=hdbscan_config(data_fraction=0.5,
-                                                                                       warmup_steps=24))
+                                                                                       selection_warmup_steps=24))
     assert fails_before_model_work(trainer) == (
         "`warmup_steps` (24) must be smaller than the 24 steps the run would take on the full data (1 epochs); "
-        "lower `warmup_steps` (ClusterSelectConfig.warmup_steps, or TrainingArguments.warmup_steps when that is "
+        "lower the warm-up (ClusterSelectConfig.selection_warmup_steps, or TrainingArguments.warmup_steps when that is "
         "None)."
     )
     trainer = build(tmp_path, tiny_lm, lm_dataset, collator, max_steps=5, warmup_steps=5)  # the LR warm-up
     assert fails_before_model_work(trainer) == (
-        "`warmup_steps` (5) must be smaller than the planned total of 5 steps (`max_steps`); lower `warmup_steps` "
-        "(ClusterSelectConfig.warmup_steps, or TrainingArguments.warmup_steps when that is None) or raise "
+        "`warmup_steps` (5) must be smaller than the planned total of 5 steps (`max_steps`); lower the warm-up "
+        "(ClusterSelectConfig.selection_warmup_steps, or TrainingArguments.warmup_steps when that is None) or raise "
         "`max_steps`."
     )
 
@@ -347,8 +347,8 @@ def test_degenerate_features_through_the_trainer(tmp_path, tiny_lm, lm_dataset, 
 
 
 @pytest.mark.parametrize("n, batch, config, kept, steps", [
-    (1, 1, hdbscan_config(data_fraction=1.0, warmup_steps=0), 1, 1),  # a single example
-    (6, 2, hdbscan_config(data_fraction=0.5, warmup_steps=0, hdbscan_min_cluster_size=10), 3, 2),
+    (1, 1, hdbscan_config(data_fraction=1.0, selection_warmup_steps=0), 1, 1),  # a single example
+    (6, 2, hdbscan_config(data_fraction=0.5, selection_warmup_steps=0, hdbscan_min_cluster_size=10), 3, 2),
 ])
 def test_tiny_datasets_train(tmp_path, tiny_lm, lm_dataset, collator, n, batch, config, kept, steps):
     trainer = build(tmp_path, tiny_lm, lm_dataset.select(range(n)), collator, config=config,

@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
         results["arms"]["random"] = baseline
         del random_trainer
 
-    config = ClusterSelectConfig(data_fraction=args.data_fraction, seed=args.seed)
+    config = ClusterSelectConfig(data_fraction=args.data_fraction, selection_seed=args.seed)
     cluster_trainer, ours = run_arm("cluster", ClusterTrainer, model_dir, train, eval_tokens, tokenizer, collate, args,
                                     extra={"cluster_config": config})
     measured_full = results["arms"].get("full", {}).get("train_seconds")

@@ -75,8 +75,8 @@ class ClusterSelectMixin(SelectionOutputsMixin):
         cluster_config = ClusterSelectConfig() if cluster_config is None else cluster_config
         if not isinstance(cluster_config, ClusterSelectConfig):
             raise TypeError(f"`cluster_config` must be a ClusterSelectConfig, got {type(cluster_config).__name__}.")
-        if self._cs_given_selection is not None and cluster_config.warmup_steps != 0:
-            cluster_config = dataclasses.replace(cluster_config, warmup_steps=0)  # nothing to warm up for
+        if self._cs_given_selection is not None and cluster_config.selection_warmup_steps != 0:
+            cluster_config = dataclasses.replace(cluster_config, selection_warmup_steps=0)  # nothing to warm up for
         self.cluster_config = cluster_config
         self.feature_model = load_feature_model(feature_model, kwargs.get("model", args[0] if args else None))
         check_map_style(kwargs.get("train_dataset", args[3] if len(args) > 3 else None))  # before Trainer's own check
@@ -171,7 +171,7 @@ class ClusterSelectMixin(SelectionOutputsMixin):
                                                            plan.warmup_steps)
         run = self.selection_run
         if self._cs_given_selection is not None:  # ClusterTrainer(selection=...): the same checks as a resume
-            run.adopt_saved(self._cs_given_selection, ignore=("warmup_steps",))
+            run.adopt_saved(self._cs_given_selection, ignore=("selection_warmup_steps",))
             if run.report is not None:  # this run paid for no warm-up, feature pass or clustering
                 report = run.report
                 report.warmup_seconds = report.features_seconds = report.clustering_seconds = 0.0

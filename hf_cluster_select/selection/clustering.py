@@ -114,7 +114,7 @@ def cluster_features(
     then runs coarse-then-fine KMeans instead.
 
     Degenerate inputs (all noise, one distinct row, fewer distinct rows than `min_cluster_size`) yield one cluster
-    and a `fallback` note instead of an error. The result is deterministic for a given `config.seed`.
+    and a `fallback` note instead of an error. The result is deterministic for a given `config.selection_seed`.
 
     Rows that cannot be clustered are screened out first and never dropped: a row holding NaN/inf (raw label
     `NONFINITE_LABEL` = -2) and, when `loss_tokens` is given, an example with 0 loss-bearing tokens (raw label
@@ -210,8 +210,8 @@ def _distinct_rows(x: np.ndarray, usable: np.ndarray, config: ClusterSelectConfi
     rows = _l2_normalise(x[usable])
     unique_rows, inverse, counts = np.unique(rows.astype(np.float32), axis=0, return_inverse=True,
                                              return_counts=True)
-    sample = seeded_sample(unique_rows.shape[0], config.cluster_sample_size, config.seed)
-    reduced, pca_used = _pca(unique_rows.astype(np.float64), config.pca_dim, config.seed, sample)
+    sample = seeded_sample(unique_rows.shape[0], config.cluster_sample_size, config.selection_seed)
+    reduced, pca_used = _pca(unique_rows.astype(np.float64), config.pca_dim, config.selection_seed, sample)
     return reduced, counts, inverse.reshape(-1), sample, pca_used
 
 
@@ -229,14 +229,14 @@ def _distinct_rows_blockwise(x: np.ndarray, usable: np.ndarray, config: ClusterS
         block = normalised(np.arange(start, min(start + BLOCK_ROWS, usable.size))).astype(np.float32)
         digests[start: start + block.shape[0]] = [hash(row.tobytes()) for row in block]
     _, first, inverse, counts = np.unique(digests, return_index=True, return_inverse=True, return_counts=True)
-    sample = seeded_sample(first.size, config.cluster_sample_size or 20000, config.seed)
+    sample = seeded_sample(first.size, config.cluster_sample_size or 20000, config.selection_seed)
     fit_positions = first if sample is None else first[sample]
     if config.pca_dim is None or first.size < 2:
         return normalised(first), counts, inverse.reshape(-1), sample, None
     from sklearn.decomposition import PCA
 
     n_components = min(config.pca_dim, fit_positions.size - 1, x.shape[1])
-    pca = PCA(n_components=n_components, random_state=config.seed).fit(normalised(np.sort(fit_positions)))
+    pca = PCA(n_components=n_components, random_state=config.selection_seed).fit(normalised(np.sort(fit_positions)))
     reduced = np.concatenate([pca.transform(normalised(first[s: s + BLOCK_ROWS]))
                               for s in range(0, first.size, BLOCK_ROWS)])
     return np.ascontiguousarray(reduced, dtype=np.float64), counts, inverse.reshape(-1), sample, n_components

@@ -62,9 +62,9 @@ def _cluster_kmeans(
         fallback = f"only {n_unique} distinct feature rows: K clipped from {requested} to {n_clusters}"
     if n_clusters == 1:
         return np.zeros(n_total, dtype=np.int64), fallback, params
-    sample = seeded_sample(n_unique, config.cluster_sample_size, config.seed)
+    sample = seeded_sample(n_unique, config.cluster_sample_size, config.selection_seed)
     fit_rows = np.arange(n_unique) if sample is None else sample
-    kmeans = KMeans(n_clusters=n_clusters, n_init=10, random_state=config.seed)
+    kmeans = KMeans(n_clusters=n_clusters, n_init=10, random_state=config.selection_seed)
     kmeans.fit(reduced[fit_rows], sample_weight=counts[fit_rows].astype(np.float64))
     if sample is not None:  # centroids from the sample; every row is placed below, with the cap on all of them
         params.update(sampled_rows=int(sample.size), assignment="nearest_centroid")
@@ -109,12 +109,12 @@ def fit_fine_kmeans(
         why = (f"only {n_unique} distinct feature row(s): one cluster" if n_unique == 1 else
                f"a budget of {budget} at kept_per_cluster={config.kept_per_cluster} asks for one cluster")
         return ClusterFit(np.zeros(n_total, dtype=np.int64), None, why, params)
-    sample = seeded_sample(n_unique, config.cluster_sample_size, config.seed)
+    sample = seeded_sample(n_unique, config.cluster_sample_size, config.selection_seed)
     if sample is not None:
         params.update(sampled_rows=int(sample.size), assignment="two_level_kmeans")
-        labels = two_level_kmeans(reduced, counts, n_clusters, sample, config.seed)
+        labels = two_level_kmeans(reduced, counts, n_clusters, sample, config.selection_seed)
         return ClusterFit(labels[inverse], None, None, params)
-    kmeans = KMeans(n_clusters=n_clusters, n_init=1, random_state=config.seed)
+    kmeans = KMeans(n_clusters=n_clusters, n_init=1, random_state=config.selection_seed)
     kmeans.fit(reduced, sample_weight=counts.astype(np.float64))
     return ClusterFit(np.asarray(kmeans.labels_, dtype=np.int64)[inverse], None, None, params)
 

@@ -71,7 +71,7 @@ def fit_on_sample(fit: Callable, reduced: np.ndarray, counts: np.ndarray, invers
     part = fit(reduced[sample], counts[sample], np.arange(sample.size), config, world_size)
     sample_labels = np.asarray(part.labels, dtype=np.int64)
     sample_raw = sample_labels if part.raw_labels is None else np.asarray(part.raw_labels, dtype=np.int64)
-    labels_u = nearest_labels(reduced, *exemplars_of(reduced[sample], sample_labels, config.seed))
+    labels_u = nearest_labels(reduced, *exemplars_of(reduced[sample], sample_labels, config.selection_seed))
     raw_u = labels_u.copy()
     labels_u[sample], raw_u[sample] = sample_labels, sample_raw
     params = dict(part.params, sampled_rows=int(sample.size), assignment="nearest_exemplar")

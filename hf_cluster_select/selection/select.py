@@ -228,7 +228,7 @@ def select_subset(result: ClusteringResult, config: ClusterSelectConfig, *, norm
         data_fraction=config.data_fraction,
         within_cluster=config.within_cluster,
         quota=config.quota,
-        seed=config.seed,
+        seed=config.selection_seed,
         deferred=np.asarray(result.raw_labels) == NO_LOSS_LABEL,
         norms=norms,
         losses=losses,

@@ -84,7 +84,7 @@ def _expected_subset_batches(records, scenario, lengths, epoch) -> list[list[lis
     config, selection, world = _config(scenario), records[0]["selection"], len(records)
     indices = np.asarray(selection["indices"])
     sampler = ClusterBatchSampler(indices=indices, labels=selection["labels"], lengths=lengths[indices],
-                                  world_size=world, per_device_batch_size=4, seed=config.seed,
+                                  world_size=world, per_device_batch_size=4, seed=config.selection_seed,
                                   balance_tokens=config.balance_tokens, window=config.balance_window,
                                   allocation=config.allocation)
     sampler.set_epoch(epoch)
