@@ -132,7 +132,7 @@ def format_report(folder: str, examples: int = 3) -> str:
     for row in clusters:
         texts = " · ".join(t[:TEXT_PREVIEW].replace("|", "/").replace("\n", " ") for t in row["examples"][:examples])
         lines.append(f"| {row['cluster']} | {row['size']} | {row['kept']} | {row['weight']:.3g} | "
-                     f"{row['mean_tokens']:.1f} | {row['mean_loss']:.3f} | {texts} |")
+                     f"{row['mean_tokens']:.1f} | {'—' if row['mean_loss'] is None else format(row['mean_loss'], '.3f')} | {texts} |")
     return "\n".join(lines)
 
 

@@ -89,7 +89,7 @@ def inspection(result, weights, kept, lengths, losses, texts, examples: int = 3)
         order = np.concatenate([members[kept[members]], members[~kept[members]]])[:examples]
         rows.append(dict(cluster=cluster, size=int(members.size), kept=int(kept[members].sum()),
                          weight=float(weights[members].sum()), mean_tokens=float(lengths[members].mean()),
-                         mean_loss=float(losses[members].mean()), examples=[texts[i] for i in order]))
+                         mean_loss=None if losses is None else float(losses[members].mean()), examples=[texts[i] for i in order]))
     return rows
 
 
@@ -102,6 +102,7 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
     from .data import token_digest
     from .demo.mathqa import pad_collate
     from .features import FEATURES
+    from .feature_cache import FeatureCache, feature_identity
     from .features.proxy import truncated_layers
     from .persistence import data_fingerprint, save_selection
     from .reporting.outputs import write_report_files
@@ -119,26 +120,39 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
         model = model.cuda()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     lengths = np.asarray([len(e["input_ids"]) for e in examples])
+    fingerprint = data_fingerprint(lengths, token_digest(datasets.Dataset.from_list(examples)))
+    collate = functools.partial(pad_collate, pad_token_id=pad)
     start = time.perf_counter()
-    print("[2/4] features", flush=True)
-    with truncated_layers(model, config.feature_layers):
-        out = FEATURES.get(config.feature)(
-            model, examples, list(range(len(examples))), functools.partial(pad_collate, pad_token_id=pad),
-            batch_size=args.batch_size, lengths=lengths.tolist(), projection_dim=config.projection_dim,
-            projection_seed=config.selection_seed, show_progress=True, shift_labels=True)
+    identity = feature_identity(model, config, data_fingerprint=fingerprint, collator=collate, tokenizer=tokenizer,
+                                shift_labels=True) if config.feature_cache else None
+    cache = FeatureCache()
+    cached = cache.load(identity) if identity is not None else None
+    print("[2/4] features" + (f" (from the cache {cache.directory})" if cached else ""), flush=True)
+    if cached is not None:
+        features, loss_tokens, norms, losses = (cached.get(k) for k in ("features", "loss_tokens", "norms", "losses"))
+    else:
+        with truncated_layers(model, config.feature_layers):
+            out = FEATURES.get(config.feature)(
+                model, examples, list(range(len(examples))), collate, batch_size=args.batch_size,
+                lengths=lengths.tolist(), projection_dim=config.projection_dim, projection_seed=config.selection_seed,
+                show_progress=True, shift_labels=True)
+        features, loss_tokens = out.features.numpy(), out.loss_tokens.numpy()
+        norms, losses = (None if v is None else v.numpy() for v in (out.norms, out.losses))
+        if identity is not None and (loss_tokens > 0).any():
+            cache.save(identity, {"features": features, "loss_tokens": loss_tokens, "norms": norms, "losses": losses})
     features_seconds = time.perf_counter() - start
     print(f"[3/4] clustering and selection ({config.cluster_method}, {config.within_cluster})", flush=True)
     start = time.perf_counter()
-    loss_tokens = out.loss_tokens.numpy()
-    result = cluster_features(out.features.numpy(), config, loss_tokens=loss_tokens)
-    chosen = select_subset(result, config, norms=out.norms.numpy(), losses=out.losses.numpy())
+    result = cluster_features(np.asarray(features), config, loss_tokens=loss_tokens)
+    chosen = select_subset(result, config, norms=norms, losses=losses)
     clustering_seconds = time.perf_counter() - start
     report = SelectionReport.from_results(
         result, chosen, config, tokens_total=int(loss_tokens.sum()),
         tokens_kept=int(loss_tokens[chosen.indices].sum()), token_kind="loss",
         input_tokens_total=int(lengths.sum()), input_tokens_kept=int(lengths[chosen.indices].sum()),
         features_seconds=features_seconds, clustering_seconds=clustering_seconds,
-        selection_seconds=features_seconds + clustering_seconds, warmup_steps=0, warmup_seconds=0.0)
+        selection_seconds=features_seconds + clustering_seconds, warmup_steps=0, warmup_seconds=0.0,
+        features_from_cache=cached is not None)
     print(f"[4/4] writing {args.output}", flush=True)
     os.makedirs(args.output, exist_ok=True)
     weights = np.zeros(len(examples))
@@ -151,10 +165,9 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
     table.save_to_disk(os.path.join(args.output, "dataset"))
     table.to_parquet(os.path.join(args.output, "selection.parquet"))
     write_report_files(args.output, report, base_model=None)
-    fingerprint = data_fingerprint(lengths, token_digest(datasets.Dataset.from_list(examples)))
     save_selection(args.output, chosen, labels=result.labels, raw_labels=result.raw_labels, config=config.to_dict(),
                    fingerprint=fingerprint, extra={"report": report.to_dict()})
-    clusters = inspection(result, weights, kept, lengths, out.losses.numpy(), texts)
+    clusters = inspection(result, weights, kept, lengths, losses, texts)
     with open(os.path.join(args.output, "clusters.json"), "w", encoding="utf-8") as handle:
         json.dump(clusters, handle, indent=1)
     summary = {"n_examples": len(examples), "n_kept": chosen.n_kept, "n_clusters": result.n_clusters,

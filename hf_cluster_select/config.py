@@ -99,6 +99,11 @@ class ClusterSelectConfig:
         metadata={"help": "Features from only the first k transformer blocks of the model (then its final norm and "
                   "head): a cheaper proxy, about k / n_layers of the feature pass; None = all blocks."},
     )
+    feature_cache: bool = field(
+        default=True,
+        metadata={"help": "Reuse features an earlier run computed for the same data, model weights, tokenizer and "
+                  "feature settings (folder: $HF_CLUSTER_SELECT_CACHE or ~/.cache/hf_cluster_select/features)."},
+    )
     cluster_method: str = field(
         default="fine_kmeans",
         metadata={
@@ -239,8 +244,9 @@ class ClusterSelectConfig:
             )
         if self.stratify_column is not None and (not isinstance(self.stratify_column, str) or not self.stratify_column):
             raise TypeError(f"`stratify_column` must be a column name or None, got {self.stratify_column!r}.")
-        if not isinstance(self.balance_tokens, bool):
-            raise TypeError(f"`balance_tokens` must be a bool, got {self.balance_tokens!r}.")
+        for name in ("balance_tokens", "feature_cache"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"`{name}` must be a bool, got {getattr(self, name)!r}.")
         if isinstance(self.selection_seed, bool) or not isinstance(self.selection_seed, int):
             raise TypeError(f"`selection_seed` must be an int, got {self.selection_seed!r}.")
 

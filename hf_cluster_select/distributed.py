@@ -118,6 +118,19 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
+def gather_objects(obj: Any) -> list:
+    """All-gather one picklable object from every rank (`[obj]` without a process group).
+
+    Returns:
+        `list` of length `world_size`: entry `r` is rank `r`'s object, on every rank.
+    """
+    if not is_distributed():
+        return [obj]
+    out: list = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def gather_floats(values: Sequence[float]) -> torch.Tensor:
     """All-gather a few numbers from every rank (one small collective; every rank must call it with as many values).
 

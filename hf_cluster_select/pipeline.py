@@ -6,6 +6,7 @@ selection and its measured report. Timings go to the `PhaseClock` passed in.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -17,11 +18,14 @@ from ._types import ClusteringResult, Selection
 from .clock import PhaseClock
 from .config import ClusterSelectConfig
 from .features import FEATURES
+from .feature_cache import FeatureCache
 from .features.proxy import truncated_layers
 from .reporting.report import SelectionReport
 from .schedule import StepPlan
 from .selection import cluster_features, select_subset
 from .validation import check_loss_tokens
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,8 @@ def select_with_model(
     merge_unclusterable: bool = False,
     strata: Sequence[Any] | None = None,
     show_progress: bool = True,
+    identity: dict | None = None,
+    cache: FeatureCache | None = None,
 ) -> SelectionOutcome:
     """Choose the training subset with the current model (CluSTER, Kim et al., EMNLP 2026, with HDBSCAN clusters).
 
@@ -74,6 +80,9 @@ def select_with_model(
         merge_unclusterable (`bool`, *optional*, defaults to `False`): see `cluster_features`.
         strata (sequence of length `n_examples`, *optional*): the `stratify_column` values (see `select_subset`).
         show_progress (`bool`, *optional*, defaults to `True`): tqdm bar on this rank.
+        identity (`dict`, *optional*): `feature_cache.feature_identity` of these features; with `cache`, a hit
+            loads them (on rank 0) instead of the feature pass, and a miss stores them.
+        cache (`FeatureCache`, *optional*): where features are looked up and stored; `None` = no cache.
     Returns:
         `SelectionOutcome`. At `data_fraction=1.0` (nothing to drop) and an allocation that does not need exact
         clusters, no feature pass and no clustering run: every example is kept in one cluster with weight 1, so
@@ -83,32 +92,16 @@ def select_with_model(
     """
     if config.data_fraction >= 1.0 and not merge_unclusterable:
         return keep_everything(config, plan, lengths, clock)
-    n = plan.n_examples
-    local = distributed.shard_indices(n, distributed.world_size(), distributed.rank())
     clock.start("features")
-    with truncated_layers(model, config.feature_layers):
-        output = FEATURES.get(config.feature)(
-            model,
-            dataset,
-            local,
-            collator,
-            batch_size=batch_size,
-            lengths=[int(lengths[i]) for i in local],
-            projection_dim=config.projection_dim,
-            projection_seed=config.selection_seed,
-            show_progress=show_progress,
-            shift_labels=shift_labels,
-        )
-    features = distributed.gather_rows(output.features, local, n)
-    loss_tokens = distributed.gather_rows(output.loss_tokens.reshape(-1, 1), local, n).reshape(-1).numpy()
-    norms, losses = (None if v is None else distributed.gather_rows(v.reshape(-1, 1), local, n).reshape(-1).numpy()
-                     for v in (output.norms, output.losses))  # a custom signal may leave them out
+    features, loss_tokens, norms, losses, from_cache = _features(
+        model, dataset, collator, config=config, n=plan.n_examples, lengths=lengths, batch_size=batch_size,
+        shift_labels=shift_labels, show_progress=show_progress, cache=cache, identity=identity)
     check_loss_tokens(loss_tokens)
     clock.stop("features")
     clock.start("clustering")
     payload = None
     if distributed.rank() == 0:
-        result = cluster_features(features.numpy(), config, world_size=plan.world_size, loss_tokens=loss_tokens,
+        result = cluster_features(np.asarray(features), config, world_size=plan.world_size, loss_tokens=loss_tokens,
                                   merge_unclusterable=merge_unclusterable)
         chosen = select_subset(result, config, norms=norms, losses=losses, strata=strata)
         report = SelectionReport.from_results(
@@ -127,10 +120,50 @@ def select_with_model(
             selected_steps=plan.selected_steps,
             full_data_steps=plan.full_data_steps,
         )
+        report.features_from_cache = from_cache
         payload = SelectionOutcome(chosen, result.labels, result.raw_labels, report)
     outcome = distributed.broadcast_object(payload)
     clock.stop("clustering")
     return _timed(outcome, clock)
+
+
+def _features(model, dataset, collator, *, config: ClusterSelectConfig, n: int, lengths: Sequence[int],
+              batch_size: int, shift_labels: bool | None, show_progress: bool, cache: FeatureCache | None,
+              identity: dict | None) -> tuple:
+    """`(features [n, dim] on rank 0 (None elsewhere on a cache hit), loss_tokens [n], norms, losses, from_cache)`:
+    from the cache when rank 0 finds the identity there, else from the feature pass on every rank's shard."""
+    use_cache = cache is not None and identity is not None
+    cached = cache.load(identity) if use_cache and distributed.rank() == 0 else None
+    if distributed.broadcast_object(cached is not None):  # every rank takes the same branch
+        small = distributed.broadcast_object({k: cached.get(k) for k in ("loss_tokens", "norms", "losses")}
+                                             if cached is not None else None)
+        return (cached["features"] if cached is not None else None, np.asarray(small["loss_tokens"]),
+                small["norms"], small["losses"], True)
+    local = distributed.shard_indices(n, distributed.world_size(), distributed.rank())
+    with truncated_layers(model, config.feature_layers):
+        output = FEATURES.get(config.feature)(
+            model,
+            dataset,
+            local,
+            collator,
+            batch_size=batch_size,
+            lengths=[int(lengths[i]) for i in local],
+            projection_dim=config.projection_dim,
+            projection_seed=config.selection_seed,
+            show_progress=show_progress,
+            shift_labels=shift_labels,
+        )
+    features = distributed.gather_rows(output.features, local, n)
+    loss_tokens = distributed.gather_rows(output.loss_tokens.reshape(-1, 1), local, n).reshape(-1).numpy()
+    norms, losses = (None if v is None else distributed.gather_rows(v.reshape(-1, 1), local, n).reshape(-1).numpy()
+                     for v in (output.norms, output.losses))  # a custom signal may leave them out
+    if use_cache and distributed.rank() == 0 and bool((loss_tokens > 0).any()):
+        try:
+            cache.save(identity, {"features": features.numpy(), "loss_tokens": loss_tokens, "norms": norms,
+                                  "losses": losses})
+        except OSError as error:  # a full or read-only disk costs the cache, never the run
+            logger.warning("could not store the features in the cache %s: %s", cache.directory, error)
+    return features.numpy(), loss_tokens, norms, losses, False
 
 
 def keep_everything(config: ClusterSelectConfig, plan: StepPlan, lengths: Sequence[int],

@@ -26,6 +26,7 @@ from .batching.padding import plan_padded_tokens, random_batch_padded_tokens
 from .batching.sampler import ClusterBatchSampler
 from .clock import PhaseClock
 from .config import ClusterSelectConfig
+from .feature_cache import FeatureCache, feature_identity
 from .persistence import SavedSelection, config_differences, data_fingerprint, save_selection
 from .pipeline import select_with_model
 from .reporting.report import SelectionReport
@@ -84,6 +85,7 @@ class SelectionRun:
         strata: Sequence[Any] | None = None,
         token_digest: str | None = None,
         clock: PhaseClock | None = None,
+        model_config: dict | None = None,
     ) -> None:
         if not isinstance(config, ClusterSelectConfig):
             raise TypeError(f"`config` must be a ClusterSelectConfig, got {type(config).__name__}.")
@@ -106,6 +108,7 @@ class SelectionRun:
         self.plan: StepPlan = self._plan(n_kept, self._warmup_steps(n, n_kept, lr_warmup_steps))
         _warn_if_subset_unseen(self.plan, config)
         self.fingerprint = data_fingerprint(self.lengths, token_digest)
+        self.model_config = model_config
         self._legacy_fingerprint = data_fingerprint(self.lengths)  # v0.1 checkpoints: lengths only
         self.selection: Selection | None = None
         self.labels: np.ndarray | None = None  # cluster of every example
@@ -176,7 +179,7 @@ class SelectionRun:
 
     # ---- selection --------------------------------------------------------------------------------------------
     def select(self, model: torch.nn.Module, dataset: Any, collator: Any, *, batch_size: int,
-               show_progress: bool = True) -> SelectionReport:
+               show_progress: bool = True, tokenizer: Any = None) -> SelectionReport:
         """Features on every rank's shard, clustering and selection on rank 0, broadcast; then `adopt` it.
 
         Args:
@@ -184,15 +187,22 @@ class SelectionRun:
             dataset (map-style dataset of `dict`), collator (`Callable`): the feature view of the training data.
             batch_size (`int`): examples per feature forward pass.
             show_progress (`bool`, *optional*, defaults to `True`): tqdm bar on this rank.
+            tokenizer (*optional*): the trainer's tokenizer, part of the feature-cache identity.
         Returns:
             `SelectionReport`, also `self.report`; its summary is left in `pending_metrics` for the trainer to log.
         Raises:
             ValueError: see `pipeline.select_with_model`.
         """
+        identity = cache = None
+        if self.config.feature_cache and self.config.data_fraction < 1.0:
+            identity = feature_identity(model, self.config, data_fingerprint=self.fingerprint, collator=collator,
+                                        tokenizer=tokenizer, shift_labels=self.shift_labels)
+            cache = FeatureCache()
         outcome = select_with_model(
             model, dataset, collator, config=self.config, plan=self.plan, lengths=self.lengths, clock=self.clock,
             batch_size=batch_size, shift_labels=self.shift_labels,
             merge_unclusterable=self.allocation.exact_clusters, strata=self.strata, show_progress=show_progress,
+            identity=identity, cache=cache,
         )
         self.adopt(outcome.selection, outcome.labels, outcome.raw_labels, outcome.report)
         self.report.selected_steps = self.plan.selected_steps  # re-planned when the allocation sets the batch count
@@ -227,13 +237,21 @@ class SelectionRun:
         self._dense_weights = dense
         self.subset_sampler = self._sampler(selection.indices, selection.labels, allocation=self.config.allocation)
 
-    def adopt_saved(self, saved: SavedSelection, ignore: tuple[str, ...] = ()) -> None:
-        """`adopt` a selection loaded from a checkpoint (`persistence.load_selection`); the config fields in
-        `ignore` may differ (`ClusterTrainer(selection=...)` ignores `warmup_steps`: it trains without a warm-up).
+    def adopt_saved(self, saved: SavedSelection, ignore: tuple[str, ...] = (), check_model: bool = True) -> None:
+        """`check_saved`, then `adopt` the selection and its report."""
+        self.check_saved(saved, ignore, check_model)
+        report = SelectionReport.from_dict(saved.extra["report"]) if saved.extra.get("report") else None
+        self.adopt(saved.selection, saved.labels, saved.raw_labels, report)
+
+    def check_saved(self, saved: SavedSelection, ignore: tuple[str, ...] = (), check_model: bool = True) -> None:
+        """Refuse a selection loaded from a checkpoint (`persistence.load_selection`) made for another run; the fields in
+        `ignore` may differ (`ClusterTrainer(selection=...)` ignores `selection_warmup_steps`: it trains without a
+        warm-up, and passes `check_model=False`: a selection made with one model may train another).
 
         Raises:
-            ValueError: if it was made on different training data (fingerprint of the tokens and lengths), or with
-                a `ClusterSelectConfig` that selects differently (the fields are named).
+            ValueError: if it was made on different training data (fingerprint of the tokens and lengths), with
+                a `ClusterSelectConfig` that selects differently, or (`check_model`) for a model of another class or
+                config (`feature_cache.model_config_dict`) — the fields that differ are named.
         """
         if saved.fingerprint not in (self.fingerprint, self._legacy_fingerprint):
             raise ValueError(
@@ -247,8 +265,16 @@ class SelectionRun:
                 + "; ".join(changed) + "); resume with the same `cluster_config`, or start a new run (no "
                 "`resume_from_checkpoint`) to select again."
             )
-        report = SelectionReport.from_dict(saved.extra["report"]) if saved.extra.get("report") else None
-        self.adopt(saved.selection, saved.labels, saved.raw_labels, report)
+        if check_model and saved.extra.get("model_config") and self.model_config:
+            old, new = saved.extra["model_config"], self.model_config
+            changed = [f"{k}: {old.get(k, '(unset)')!r} in the checkpoint, {new.get(k, '(unset)')!r} now"
+                       for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+            if changed:
+                raise ValueError(
+                    "the selection saved in the checkpoint was made for another model (" + "; ".join(changed[:6])
+                    + ("; …" if len(changed) > 6 else "") + "); resume with the model of that run, or start a new "
+                    "run (no `resume_from_checkpoint`) to select again."
+                )
 
     @property
     def dense_loss_weights(self) -> torch.Tensor | None:
@@ -274,7 +300,8 @@ class SelectionRun:
         os.makedirs(folder, exist_ok=True)
         return save_selection(
             folder, self.selection, labels=self.labels, raw_labels=self.raw_labels, config=self.config.to_dict(),
-            fingerprint=self.fingerprint, extra={"report": self.report.to_dict() if self.report else None},
+            fingerprint=self.fingerprint, extra={"report": self.report.to_dict() if self.report else None,
+                                                 "model_config": self.model_config},
         )
 
     def finalize_report(self, measured_full_seconds: float | None = None) -> SelectionReport | None:

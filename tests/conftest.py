@@ -20,6 +20,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tiny_assets  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _private_feature_cache(tmp_path_factory, monkeypatch):
+    """Each test gets an empty feature cache (never the user's ~/.cache): a hit only within one test."""
+    monkeypatch.setenv("HF_CLUSTER_SELECT_CACHE", str(tmp_path_factory.mktemp("feature-cache")))
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     """A WordLevel tokenizer trained locally, with distinct pad / eos tokens."""

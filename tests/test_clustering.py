@@ -207,3 +207,35 @@ def test_package_imports_without_hdbscan():
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False
     )
     assert completed.returncode == 0, completed.stderr
+
+
+@pytest.mark.parametrize("scale", [1.0, 10.0, 100.0, 1e4])
+@pytest.mark.parametrize("method", ["hdbscan", "fine_kmeans"])
+def test_near_duplicate_piles_one_label_per_pile_at_every_scale(scale, method):
+    """Three piles of 50 rows equal up to 1e-7 jitter (16 dims), a NaN row and a constant row: each pile is one
+    merged row of weight 50 and gets one label of its own, whatever the scale of the matrix (issue 11, item 7)."""
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(3, 16))
+    piles = np.concatenate([c + 1e-7 * rng.normal(size=(50, 16)) for c in centres])
+    features = np.vstack([piles, np.full((1, 16), np.nan), np.full((1, 16), 0.5)]) * scale
+    config = hdbscan_config() if method == "hdbscan" else ClusterSelectConfig(data_fraction=0.1)
+    result = cluster_features(features, config)
+    _check_partition(result, 152)
+    pile_labels = [set(result.labels[i * 50:(i + 1) * 50].tolist()) for i in range(3)]
+    assert [len(s) for s in pile_labels] == [1, 1, 1]
+    assert len(set.union(*pile_labels)) == 3
+    assert result.params["n_unique"] == 4  # three piles and the constant row; the NaN row is screened out
+    assert result.n_nonfinite == 1
+
+
+def test_duplicate_groups_tolerate_grid_boundaries_and_keep_order():
+    from hf_cluster_select.selection.duplicates import DUPLICATE_TOLERANCE, cell_codes, duplicate_groups
+
+    # two rows that straddle a cell boundary of the plain grid share a cell of the shifted one
+    boundary = 0.3 // DUPLICATE_TOLERANCE * DUPLICATE_TOLERANCE
+    rows = np.array([[boundary - 1e-9, 0.0], [boundary + 1e-9, 0.0], [0.0, 0.5], [0.3, 0.2]])
+    inverse, first, counts = duplicate_groups([cell_codes(rows[:2]), cell_codes(rows[2:])])
+    assert inverse.tolist() == [0, 0, 1, 2] and first.tolist() == [0, 2, 3] and counts.tolist() == [2, 1, 1]
+    # rows 2e-5 apart (two grid steps) stay distinct
+    inverse, _, _ = duplicate_groups([cell_codes(np.array([[0.6, 0.8], [0.6 + 2e-5, 0.8]]))])
+    assert inverse.tolist() == [0, 1]

@@ -57,6 +57,13 @@ def test_select_writes_dataset_report_and_a_reusable_selection(tmp_path, model_f
         assert os.path.isfile(os.path.join(out, name)), name
     text = format_report(out)
     assert text.startswith("kept 10 of 40 examples (25.0%)") and text.count("\n| ") == len(clusters) + 1
+    # the same command again: the features come from the cache, the selection is identical
+    again = str(tmp_path / "again")
+    assert main(["select", "--model", model_folder, "--dataset", data_file, "--prompt-column", "q",
+                 "--completion-column", "a", "--data-fraction", "0.25", "--seed", "3", "--output", again]) == 0
+    second = json.load(open(os.path.join(again, "selection_report.json")))
+    assert report["features_from_cache"] is False and second["features_from_cache"] is True
+    assert second["kept_indices"] == report["kept_indices"] and second["weights"] == report["weights"]
 
 
 def test_every_config_field_is_an_option_and_none_parses():

@@ -71,7 +71,9 @@ def test_section_numbers_and_labels():
     assert "| Clustering method | hdbscan | no fallback" in section
     assert "2 rank(s) × 8 examples per device × 2 accumulation step(s) = 32 examples per optimizer step" in section
     assert "| Warm-up training | 120.0 s (2 min 00 s), 50 optimizer steps |" in section
-    assert "| Feature extraction | 45.2 s |" in section
+    assert "| Feature extraction | 45.2 s | wall-clock time computing per-example features |" in section
+    cached = selection_card_section(make_report(features_seconds=0.5, features_from_cache=True))
+    assert "| Feature extraction | 0.5 s | wall-clock time loading per-example features from the feature cache" in cached
     assert "| Clustering | 12.5 s |" in section
     assert "| Selection, total | 60.0 s (1 min 00 s) |" in section
     assert "| Training on the selection | 345.6 s (5 min 46 s), 144 optimizer steps |" in section

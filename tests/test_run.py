@@ -141,5 +141,14 @@ def test_resume_refuses_other_tokens_and_other_selection_settings():
         run.adopt_saved(saved(dict(config.to_dict(), data_fraction=0.25)))
     run.adopt_saved(saved(dict(config.to_dict(), balance_window=3, balance_tokens=False)))  # batching only
     assert run.selection is selection
+    model = {"model_class": "LlamaForCausalLM", "hidden_size": 32, "num_hidden_layers": 2}
+    with_model = make_run(config, token_digest=digest, model_config=model)
+    other_model = SavedSelection(selection, zeros, zeros, config.to_dict(), run.fingerprint,
+                                 {"model_config": dict(model, hidden_size=64, rope_theta=1e4)})
+    with pytest.raises(ValueError, match=r"another model \(hidden_size: 64 in the checkpoint, 32 now; rope_theta: "
+                                         r"10000\.0 in the checkpoint, '\(unset\)' now\)"):
+        with_model.adopt_saved(other_model)
+    with_model.adopt_saved(other_model, check_model=False)  # ClusterTrainer(selection=...): any model may train on it
+    assert with_model.selection is selection
     legacy = make_run(config, token_digest=digest)  # a v0.1 checkpoint: lengths-only fingerprint
     legacy.adopt_saved(saved(config.to_dict(), data_fingerprint(np.asarray(LENGTHS))))

@@ -187,6 +187,17 @@ def test_resume_gives_same_batches_and_weights(tmp_path, tiny_lm, lm_dataset, co
     assert [b for s, b in resumed.seen] == [b for s, b in full.seen if s >= 9]
     for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
         assert torch.allclose(p, q, atol=1e-6), name
+    # the same checkpoint with a model of another shape: the changed config fields are named, nothing trains
+    import tiny_assets
+    from transformers import LlamaForCausalLM
+
+    base = _tiny_lm_base.config
+    wider = LlamaForCausalLM(tiny_assets.llama_config(base.vocab_size, intermediate_size=48, pad_token_id=base.pad_token_id,
+                                                      bos_token_id=base.bos_token_id, eos_token_id=base.eos_token_id))
+    other = build(tmp_path / "a", wider, lm_dataset, collator, save_strategy="steps", save_steps=9)
+    with pytest.raises(ValueError, match=r"made for another model \(intermediate_size: 64 in the checkpoint, 48 now\)"):
+        other.train(resume_from_checkpoint=str(checkpoint))
+    assert other.state.global_step == 0
 
 
 def test_resume_during_warmup_then_selects(tmp_path, lm_dataset, collator, _tiny_lm_base):

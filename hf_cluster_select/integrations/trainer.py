@@ -28,6 +28,7 @@ from transformers.trainer_utils import seed_worker
 
 from ..config import ClusterSelectConfig
 from ..data import INDEX_KEY, IndexCollator, IndexedDataset, LossTokensCollator, example_lengths, token_digest
+from ..feature_cache import model_config_dict
 from ..persistence import load_selection, resolve_resume_checkpoint
 from ..reporting.report import SelectionReport
 from ..run import SelectionRun
@@ -124,6 +125,7 @@ class ClusterSelectMixin(SelectionOutputsMixin):
             num_train_epochs=args.num_train_epochs, max_steps=args.max_steps, lr_warmup_steps=args.warmup_steps,
             shift_labels=shift, strata=self._cs_strata(),  # a missing stratify_column fails now, not after warm-up
             token_digest=token_digest(self.train_dataset),
+            model_config=model_config_dict(self.accelerator.unwrap_model(self.model)),
         )
         dataset, collator = self._cs_training_view()  # hdbscan importable, collator works, some label bears a loss
         check_training_inputs(
@@ -171,7 +173,7 @@ class ClusterSelectMixin(SelectionOutputsMixin):
                                                            plan.warmup_steps)
         run = self.selection_run
         if self._cs_given_selection is not None:  # ClusterTrainer(selection=...): the same checks as a resume
-            run.adopt_saved(self._cs_given_selection, ignore=("selection_warmup_steps",))
+            run.adopt_saved(self._cs_given_selection, ignore=("selection_warmup_steps",), check_model=False)
             if run.report is not None:  # this run paid for no warm-up, feature pass or clustering
                 report = run.report
                 report.warmup_seconds = report.features_seconds = report.clustering_seconds = 0.0
@@ -180,11 +182,13 @@ class ClusterSelectMixin(SelectionOutputsMixin):
                 report.seconds_saved = report.fraction_saved = report.full_data_seconds_basis = None
                 report.selected_steps = run.plan.selected_steps
                 run.pending_metrics = report.summary_metrics()
-        elif run.selects_before_training:
+        else:
             saved = load_selection(resume_from_checkpoint) if resume_from_checkpoint else None
-            if saved is not None:
+            if saved is not None:  # other data, settings or model are named before Trainer loads the weights
+                run.check_saved(saved)
+            if saved is not None and run.selects_before_training:
                 run.adopt_saved(saved)
-            else:
+            elif run.selects_before_training:
                 self.run_selection(self.model)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
 
@@ -301,6 +305,7 @@ class ClusterSelectMixin(SelectionOutputsMixin):
             source, dataset, collator,
             batch_size=self.cluster_config.feature_batch_size or self.args.per_device_eval_batch_size,
             show_progress=self.is_world_process_zero() and not self.args.disable_tqdm,
+            tokenizer=getattr(self, "processing_class", None),
         )
         self._cs_after_selection(run.report)
 

@@ -166,7 +166,10 @@ def selection_card_section(report: Any, *, plot_filename: str | None = None) -> 
         ("Batch geometry", geometry, "data-parallel ranks and per-step batch of the training run"),
         ("Warm-up training", _seconds(r.get("warmup_seconds")) + _steps(r.get("warmup_steps")),
          "wall-clock time training on the full data before selection"),
-        ("Feature extraction", _seconds(r.get("features_seconds")), "wall-clock time computing per-example features"),
+        ("Feature extraction", _seconds(r.get("features_seconds")),
+         "wall-clock time loading per-example features from the feature cache (computed by an earlier run with the "
+         "same data, weights, tokenizer and feature settings)" if r.get("features_from_cache")
+         else "wall-clock time computing per-example features"),
         ("Clustering", _seconds(r.get("clustering_seconds")), "wall-clock time reducing and clustering features"),
         ("Selection, total", _seconds(r.get("selection_seconds")),
          "wall-clock time of features + clustering + choosing examples"),

@@ -163,6 +163,8 @@ class SelectionReport:
         padded_tokens_per_batch_full, padded_tokens_per_batch_selected (`float` or `None`): mean padded tokens of a
             stock-sampler batch of the full data (simulated) and of a batch of this run's subset plan
             (`batching/padding.py`): what a step costs; their ratio scales the estimated full-data time.
+        features_from_cache (`bool` or `None`): whether the features were loaded from the feature cache
+            (`feature_cache.py`; then `features_seconds` is the load time) instead of computed; `None` = no features.
     """
 
     n_examples: int
@@ -207,6 +209,7 @@ class SelectionReport:
     input_tokens_kept: int | None = None
     padded_tokens_per_batch_full: float | None = None
     padded_tokens_per_batch_selected: float | None = None
+    features_from_cache: bool | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

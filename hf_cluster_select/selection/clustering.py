@@ -20,6 +20,7 @@ from .._types import NO_LOSS_LABEL, NONFINITE_LABEL, ClusteringResult
 from ..config import ClusterSelectConfig
 from . import hdbscan_clusterer, kmeans_clusterer  # noqa: F401  (register the built-in clusterers)
 from .clusterers import CLUSTERERS
+from .duplicates import cell_codes, duplicate_groups
 from .sampled import fit_on_sample, seeded_sample
 
 
@@ -204,42 +205,41 @@ def _place_unclustered(
 
 
 def _distinct_rows(x: np.ndarray, usable: np.ndarray, config: ClusterSelectConfig):
-    """L2-normalised rows `x[usable]` merged where equal to float32 precision (exact duplicates make HDBSCAN's
-    lambdas infinite) and reduced by PCA: (reduced float64 `[n_unique, d]`, counts, inverse `[n_usable]`, sample of
-    the distinct rows the fits use or `None`, PCA dimension used)."""
+    """L2-normalised rows `x[usable]` with near-duplicates merged (`duplicates.py`: directions equal to about 1e-5,
+    whatever the rows' scale; exact duplicates make HDBSCAN's lambdas infinite) and reduced by PCA: (reduced float64
+    `[n_unique, d]`, counts, inverse `[n_usable]`, sample of the distinct rows the fits use or `None`, PCA dimension
+    used). Each group is represented by its first row."""
     rows = _l2_normalise(x[usable])
-    unique_rows, inverse, counts = np.unique(rows.astype(np.float32), axis=0, return_inverse=True,
-                                             return_counts=True)
+    inverse, first, counts = duplicate_groups([cell_codes(rows)])
+    unique_rows = rows[first]
     sample = seeded_sample(unique_rows.shape[0], config.cluster_sample_size, config.selection_seed)
     reduced, pca_used = _pca(unique_rows.astype(np.float64), config.pca_dim, config.selection_seed, sample)
-    return reduced, counts, inverse.reshape(-1), sample, pca_used
+    return reduced, counts, inverse, sample, pca_used
 
 
 def _distinct_rows_blockwise(x: np.ndarray, usable: np.ndarray, config: ClusterSelectConfig):
     """`_distinct_rows` for a matrix above `LARGE_INPUT_BYTES` (e.g. memory-mapped): rows are read, normalised and
-    hashed `BLOCK_ROWS` at a time (equal float32 rows share a 64-bit hash), PCA is fitted on a seeded sample of the
-    distinct rows (at most `cluster_sample_size`, else 20,000) and applied block by block, so only the reduced
+    snapped to the duplicate grids `BLOCK_ROWS` at a time, PCA is fitted on a seeded sample of the distinct rows
+    (at most `cluster_sample_size`, else 20,000) and applied block by block, so only the reduced
     `[n_unique, pca_dim]` matrix is held in memory."""
 
     def normalised(positions: np.ndarray) -> np.ndarray:
         return _l2_normalise(np.asarray(x[usable[positions]], dtype=np.float64))
 
-    digests = np.empty(usable.size, dtype=np.int64)
-    for start in range(0, usable.size, BLOCK_ROWS):
-        block = normalised(np.arange(start, min(start + BLOCK_ROWS, usable.size))).astype(np.float32)
-        digests[start: start + block.shape[0]] = [hash(row.tobytes()) for row in block]
-    _, first, inverse, counts = np.unique(digests, return_index=True, return_inverse=True, return_counts=True)
+    inverse, first, counts = duplicate_groups(
+        cell_codes(normalised(np.arange(start, min(start + BLOCK_ROWS, usable.size))))
+        for start in range(0, usable.size, BLOCK_ROWS))
     sample = seeded_sample(first.size, config.cluster_sample_size or 20000, config.selection_seed)
     fit_positions = first if sample is None else first[sample]
     if config.pca_dim is None or first.size < 2:
-        return normalised(first), counts, inverse.reshape(-1), sample, None
+        return normalised(first), counts, inverse, sample, None
     from sklearn.decomposition import PCA
 
     n_components = min(config.pca_dim, fit_positions.size - 1, x.shape[1])
     pca = PCA(n_components=n_components, random_state=config.selection_seed).fit(normalised(np.sort(fit_positions)))
     reduced = np.concatenate([pca.transform(normalised(first[s: s + BLOCK_ROWS]))
                               for s in range(0, first.size, BLOCK_ROWS)])
-    return np.ascontiguousarray(reduced, dtype=np.float64), counts, inverse.reshape(-1), sample, n_components
+    return np.ascontiguousarray(reduced, dtype=np.float64), counts, inverse, sample, n_components
 
 
 def _cluster_rows(

@@ -1,7 +1,7 @@
 """Real multi-process ClusterTrainer runs (torchrun, gloo on CPU, `use_cpu=True`, one thread per process).
 
 One 2-process job runs the `main`, `resume`, `select0`, `paper` and `paper_resume` scenarios of `worker.py` and one
-3-process job runs `main3` and `select0`; the tests below assert on what every rank wrote, with exact id lists
+3-process job runs `main3`, `select0` and `select0_again` (features from the cache); the tests below assert on what every rank wrote, with exact id lists
 recomputed here from the sampler (accelerate deals batch `k` of the global plan to rank `k % world_size`).
 """
 
@@ -57,8 +57,8 @@ def two(tmp_path_factory):
 def three(tmp_path_factory):
     """The 3-process job (uneven splits over 3 ranks)."""
     folder = str(tmp_path_factory.mktemp("torchrun3"))
-    torchrun([WORKER, folder, "main3,select0"], nproc=3, timeout=240)
-    return {s: _load(folder, s, 3) for s in ("main3", "select0")}
+    torchrun([WORKER, folder, "main3,select0,select0_again"], nproc=3, timeout=240)
+    return {s: _load(folder, s, 3) for s in ("main3", "select0", "select0_again")}
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +102,16 @@ def test_features_are_sharded_and_selection_identical_on_every_rank(job, scenari
         for record in records:  # each rank computed its own strided shard, once
             assert record["feature_indices"] == [list(range(record["rank"], n, world))], scenario
             assert record["selection"] == records[0]["selection"], scenario  # bit-identical (JSON floats are exact)
+
+
+def test_a_second_run_loads_the_features_on_every_rank(three):
+    """The feature cache under torchrun: rank 0 finds the features, every rank skips the feature pass, and the
+    selection is the first run's, bit for bit."""
+    first, again = three["select0"], three["select0_again"]
+    assert [r["features_from_cache"] for r in first] == [False] * 3
+    assert [r["features_from_cache"] for r in again] == [True] * 3
+    assert [r["feature_indices"] for r in again] == [[], [], []]
+    assert all(r["selection"] == first[0]["selection"] for r in again)
 
 
 def test_selection_matches_one_process_run(two, tmp_path):

@@ -79,6 +79,8 @@ SCENARIOS = {
     ),
 }
 SCENARIOS["resume"] = SCENARIOS["main"]
+SCENARIOS["select0_again"] = SCENARIOS["select0"]  # the same run again: features from the cache on every rank
+CACHE_OF = {"select0_again": "select0"}  # scenario -> the scenario whose feature cache it shares (else its own)
 SCENARIOS["paper_resume"] = SCENARIOS["paper"]
 RESUME_FROM = {"resume": ("main", 4), "paper_resume": ("paper", 3)}  # scenario -> (run, checkpoint step)
 
@@ -156,6 +158,7 @@ def _iterate(trainer: RecordingTrainer, loader, sampler, epoch: int) -> list[lis
 def run(scenario: str, out: str) -> None:
     folder = os.path.join(out, scenario)
     os.makedirs(folder, exist_ok=True)
+    os.environ["HF_CLUSTER_SELECT_CACHE"] = os.path.join(out, "feature-cache", CACHE_OF.get(scenario, scenario))
     trainer = build_trainer(scenario, folder)
     FEATURE_CALLS.clear()
     if scenario in RESUME_FROM:
@@ -177,6 +180,7 @@ def run(scenario: str, out: str) -> None:
         plan=plan.to_dict(),
         seen=trainer.seen,
         feature_indices=FEATURE_CALLS,
+        features_from_cache=trainer.selection_report.features_from_cache,
         selection=dict(
             indices=trainer.selection.indices.tolist(),
             weights=trainer.selection.weights.tolist(),
