@@ -105,6 +105,7 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
     from .feature_cache import FeatureCache, feature_identity
     from .features.proxy import truncated_layers
     from .persistence import data_fingerprint, save_selection
+    from .reporting.feature_map import feature_map_points
     from .reporting.outputs import write_report_files
     from .reporting.report import SelectionReport
     from .selection import cluster_features, select_subset
@@ -152,7 +153,7 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
         input_tokens_total=int(lengths.sum()), input_tokens_kept=int(lengths[chosen.indices].sum()),
         features_seconds=features_seconds, clustering_seconds=clustering_seconds,
         selection_seconds=features_seconds + clustering_seconds, warmup_steps=0, warmup_seconds=0.0,
-        features_from_cache=cached is not None)
+        features_from_cache=cached is not None, feature_map=feature_map_points(features, config.selection_seed))
     print(f"[4/4] writing {args.output}", flush=True)
     os.makedirs(args.output, exist_ok=True)
     weights = np.zeros(len(examples))

@@ -20,6 +20,7 @@ from .config import ClusterSelectConfig
 from .features import FEATURES
 from .feature_cache import FeatureCache
 from .features.proxy import truncated_layers
+from .reporting.feature_map import feature_map_points
 from .reporting.report import SelectionReport
 from .schedule import StepPlan
 from .selection import cluster_features, select_subset
@@ -121,6 +122,7 @@ def select_with_model(
             full_data_steps=plan.full_data_steps,
         )
         report.features_from_cache = from_cache
+        report.feature_map = feature_map_points(features, config.selection_seed)
         payload = SelectionOutcome(chosen, result.labels, result.raw_labels, report)
     outcome = distributed.broadcast_object(payload)
     clock.stop("clustering")

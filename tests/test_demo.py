@@ -34,3 +34,8 @@ def test_demo_quick_end_to_end(tmp_path):
     assert f"{kept} / {n}" in card and "Demo comparison" in card
     saved = json.loads((tmp_path / "demo_results.json").read_text())
     assert saved["arms"]["cluster"]["selected_examples"] == kept
+    # warm-up examples count in full, then every kept example once: loss tokens of exactly those rows
+    assert ours["examples_trained"] > kept and ours["tokens_trained"] > ours["selected_tokens"]
+    assert full["tokens_trained"] > ours["tokens_trained"] - ours["selected_tokens"]
+    assert not (tmp_path / "full").exists() and not (tmp_path / "random").exists()  # no empty output folders
+    assert (tmp_path / "cluster" / "feature_map.png").is_file()

@@ -145,21 +145,27 @@ def test_existing_card_preserved_and_section_replaced_not_duplicated(tmp_path):
     readme.write_text(TRL_CARD, encoding="utf-8")
     write_model_card(tmp_path, make_report())
     first = readme.read_text(encoding="utf-8")
-    assert first.startswith(TRL_CARD.rstrip("\n"))  # TRL's front matter and body kept verbatim
+    trl_header, trl_body = TRL_CARD.split("\n---\n", 1)
+    ours = ('data_selection: "hf_cluster_select"\ndata_fraction: 0.3\nfraction_kept: 0.2999\nn_examples: 7688\n'
+            'n_kept: 2306\nn_clusters: 3\nclustering_method: "hdbscan"\nselection_seconds: 60.0\n'
+            'fraction_saved: 0.5437\nfraction_saved_basis: "estimated"')
+    # TRL's front matter and body kept verbatim, our metadata added at the end of the front matter
+    assert first.startswith(trl_header + "\n" + ours + "\n---\n" + trl_body.rstrip("\n"))
     assert first.count(START_MARKER) == 1 and "2,306 / 7,688 (30.0%)" in first
 
     write_model_card(tmp_path, make_report(n_kept=1000, kept_per_cluster=[500, 300, 200]))
     second = readme.read_text(encoding="utf-8")
     assert second.count(START_MARKER) == 1 and second.count(END_MARKER) == 1 and second.count(HEADING) == 1
     assert "1,000 / 7,688 (13.0%)" in second and "2,306 / 7,688" not in second
-    assert second.startswith(TRL_CARD.rstrip("\n"))
+    assert second.startswith(trl_header + "\n") and second.count("data_selection:") == 1
+    assert "n_kept: 1000\n" in second and trl_body.rstrip("\n") in second
 
     # Content someone appended after our section survives a rewrite.
     readme.write_text(second + "\n## Evaluation\n\nAdded later.\n", encoding="utf-8")
     write_model_card(tmp_path, make_report())
     third = readme.read_text(encoding="utf-8")
     assert third.count(START_MARKER) == 1 and "## Evaluation\n\nAdded later." in third
-    assert third.index(END_MARKER) < third.index("## Evaluation")
+    assert third.index(END_MARKER) < third.index("\n## Evaluation\n\nAdded later.")
 
 
 def test_no_local_base_model_in_any_saved_card(tmp_path, tokenizer, _tiny_lm_base, lm_dataset, collator):

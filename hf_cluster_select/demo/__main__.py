@@ -82,7 +82,7 @@ def run_arm(name, trainer_cls, model_dir, train, eval_set, tokenizer, collate, a
         use_cpu=not torch.cuda.is_available(),
         ddp_find_unused_parameters=False,
         seed=args.seed,
-        disable_tqdm=True,
+        disable_tqdm=int(os.environ.get("RANK", "0")) != 0,  # progress bars (training, feature pass) on rank 0
     )
     kwargs = dict(model=model, args=training_args, train_dataset=train, eval_dataset=eval_set, data_collator=collate)
     trainer = trainer_cls(**kwargs, **(extra or {}))
@@ -90,6 +90,7 @@ def run_arm(name, trainer_cls, model_dir, train, eval_set, tokenizer, collate, a
     output = trainer.train()
     seconds = time.perf_counter() - start
     metrics = trainer.evaluate()
+    _remove_if_empty(training_args.output_dir)
     return trainer, {"train_seconds": seconds, "eval_loss": metrics["eval_loss"], "steps": output.global_step}
 
 
@@ -127,7 +128,11 @@ def main(argv: list[str] | None = None) -> dict:
                      "n_train": len(train), "n_eval": len(eval_tokens), "commit": git_commit(), "arms": {}}
 
     full_trainer = None
+    total = 3 - int(args.skip_full) - int(args.skip_random)
+    number = 0
     if not args.skip_full:
+        number += 1
+        _banner(rank_zero, number, total, f"full data — stock Trainer on all {len(train)} problems")
         full_trainer, full = run_arm("full", Trainer, model_dir, train, eval_tokens, tokenizer, collate, args)
         loss_tokens = sum(sum(1 for x in row if x != IGNORE_INDEX) for row in train["labels"])
         full.update(examples_trained=len(train) * args.epochs, tokens_trained=int(loss_tokens * args.epochs))
@@ -137,6 +142,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     if not args.skip_random:  # the baseline a selection must beat: a seeded random subset of the same size
         budget = selection_budget(len(train), args.data_fraction)
+        number += 1
+        _banner(rank_zero, number, total, f"random subset — stock Trainer on a seeded random {budget} problems")
         subset = train.select(sorted(random.Random(args.seed).sample(range(len(train)), budget)))
         random_trainer, baseline = run_arm("random", Trainer, model_dir, subset, eval_tokens, tokenizer, collate, args)
         loss_tokens = sum(sum(1 for x in row if x != IGNORE_INDEX) for row in subset["labels"])
@@ -148,15 +155,19 @@ def main(argv: list[str] | None = None) -> dict:
         del random_trainer
 
     config = ClusterSelectConfig(data_fraction=args.data_fraction, selection_seed=args.seed)
+    _banner(rank_zero, number + 1, total, f"ClusterTrainer — warm-up, feature pass, clustering, then the selected "
+            f"{selection_budget(len(train), args.data_fraction)} problems")
     cluster_trainer, ours = run_arm("cluster", ClusterTrainer, model_dir, train, eval_tokens, tokenizer, collate, args,
                                     extra={"cluster_config": config})
     measured_full = results["arms"].get("full", {}).get("train_seconds")
     report = cluster_trainer.finalize_selection_report(measured_full_seconds=measured_full)
     plan = cluster_trainer.step_plan
     kept_tokens = report.tokens_kept or 0
+    warmup = _warmup_indices(cluster_trainer)
+    warmup_tokens = sum(sum(1 for x in train[i]["labels"] if x != IGNORE_INDEX) for i in warmup)
     ours.update(
-        examples_trained=_warmup_examples(cluster_trainer) + report.n_kept * args.epochs,
-        tokens_trained=None,
+        examples_trained=len(warmup) + report.n_kept * args.epochs,
+        tokens_trained=int(warmup_tokens + kept_tokens * args.epochs),
         selected_examples=report.n_kept,
         selected_tokens=kept_tokens,
         warmup_seconds=report.warmup_seconds,
@@ -188,11 +199,24 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
-def _warmup_examples(trainer) -> int:
-    """Examples the warm-up trained on, over all ranks: the warm-up plan's batches (token-balanced batches hold a
-    variable number of examples, so this is counted, not steps × batch size)."""
+def _warmup_indices(trainer) -> list[int]:
+    """Dataset indices the warm-up trained on, over all ranks: the warm-up plan's batches (token-balanced batches
+    hold a variable number of examples, so this is counted, not steps × batch size)."""
     sampler = trainer.selection_run.warmup_sampler
-    return 0 if sampler is None or trainer.step_plan.warmup_steps == 0 else sum(len(batch) for batch in sampler)
+    if sampler is None or trainer.step_plan.warmup_steps == 0:
+        return []
+    return [int(i) for batch in sampler for i in batch]
+
+
+def _banner(rank_zero: bool, number: int, total: int, text: str) -> None:
+    if rank_zero:
+        print(f"\n=== arm {number}/{total}: {text} ===", flush=True)
+
+
+def _remove_if_empty(folder: str) -> None:
+    """A stock arm saves nothing (save_strategy="no"): leave no empty folder behind."""
+    if os.path.isdir(folder) and not os.listdir(folder):
+        os.rmdir(folder)
 
 
 def _fmt(value, spec="{:.3f}") -> str:
@@ -215,6 +239,7 @@ def format_table(results: dict) -> str:
         ("held-out problems (loss / MC)", *(f"{results['n_eval']} / {arm.get('n', '—')}" for arm in (full, rand, ours))),
         row("optimizer steps", "steps", "{:d}"),
         row("examples trained", "examples_trained", "{:,.0f}"),
+        row("loss tokens trained", "tokens_trained", "{:,.0f}"),
         ("selected examples / tokens", "all", kept(rand), kept(ours)),
         ("warm-up s", "—", "—", _fmt(ours.get("warmup_seconds"), "{:.1f}")),
         ("features s", "—", "—", _fmt(ours.get("features_seconds"), "{:.1f}")),

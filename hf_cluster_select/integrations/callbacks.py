@@ -17,6 +17,7 @@ from transformers.trainer_callback import ExportableState
 
 from ..batching.meter import TokenBalanceMeter
 from ..reporting.outputs import write_report_files
+from .outputs import savings_metrics
 
 
 class ClusterSelectCallback(TrainerCallback, ExportableState):
@@ -88,7 +89,8 @@ class ClusterSelectCallback(TrainerCallback, ExportableState):
         if run is None or run.report is None:
             return control
         report = run.finalize_report()
-        self.trainer.log({k: v for k, v in report.summary_metrics().items() if "seconds" in k or "saved" in k})
+        self.trainer.log(savings_metrics(report))
+        report.eval_metrics = self.trainer.latest_eval_metrics()
         if state.is_world_process_zero:
             base = getattr(getattr(self.trainer.model, "config", None), "_name_or_path", None)
             write_report_files(args.output_dir, report, base)

@@ -9,13 +9,36 @@ from ..reporting.outputs import write_selection_card
 from ..reporting.report import SelectionReport
 
 
+def savings_metrics(report: SelectionReport) -> dict[str, float]:
+    """The time figures of `report.summary_metrics()` (seconds and savings), as logged and carded."""
+    return {k: v for k, v in report.summary_metrics().items() if "seconds" in k or "saved" in k}
+
+
 class SelectionOutputsMixin:
     """What `ClusterSelectMixin` writes: the finalized report, the selection file, the card section; and no local
     path left as `base_model` in any card a save wrote. Reads `self.selection_run` (set by `ClusterSelectMixin`)."""
 
     def finalize_selection_report(self, measured_full_seconds: float | None = None) -> SelectionReport | None:
-        """`SelectionRun.finalize_report`: training seconds and savings (measured with `measured_full_seconds`)."""
-        return None if self.selection_run is None else self.selection_run.finalize_report(measured_full_seconds)
+        """`SelectionRun.finalize_report`: training seconds and savings (measured with `measured_full_seconds`).
+
+        With a measured time, the final figures are logged once more to the run's `report_to` backends, under the
+        names the card uses: `cluster_select/full_data_seconds_measured`, `seconds_saved_measured`,
+        `fraction_saved_measured` (the estimate logged at the end of training stays, named `*_estimated`).
+        """
+        if self.selection_run is None:
+            return None
+        report = self.selection_run.finalize_report(measured_full_seconds)
+        if report is not None and measured_full_seconds is not None:
+            self.log(savings_metrics(report))
+        return report
+
+    def latest_eval_metrics(self) -> dict | None:
+        """The newest `eval_*` entry of `state.log_history` (its `eval_*` values and `step`), or `None`."""
+        for entry in reversed(getattr(self.state, "log_history", None) or []):
+            metrics = {k: v for k, v in entry.items() if k.startswith("eval_") and isinstance(v, (int, float))}
+            if metrics:
+                return dict(metrics, step=entry.get("step"))
+        return None
 
     def save_cluster_selection(self, folder: str) -> str | None:
         """`SelectionRun.save` into `folder` (nothing before selection)."""
@@ -25,6 +48,7 @@ class SelectionOutputsMixin:
         """Add the selection section and cluster-size plot to `output_dir/README.md` (keeping what is there)."""
         if self.selection_report is None:
             return None
+        self.selection_report.eval_metrics = self.latest_eval_metrics()
         base = getattr(getattr(self.model, "config", None), "_name_or_path", None)
         return write_selection_card(output_dir, self.selection_report, base)
 

@@ -87,6 +87,8 @@ class ClusterSelectMixin(SelectionOutputsMixin):
         warn_if_sampler_overridden(type(self))
         self.cluster_callback = ClusterSelectCallback(self)
         self.add_callback(self.cluster_callback)
+        callbacks = self.callback_handler.callbacks  # first: its end-of-training log reaches the reporters (e.g.
+        callbacks.insert(0, callbacks.pop(callbacks.index(self.cluster_callback)))  # TensorBoard) before they close
 
     # ---- what the run decided, for users and notebooks ----------------------------------------------------------
     @property

@@ -124,12 +124,13 @@ def scrub_card(folder: str | os.PathLike) -> bool:
     return cleaned != text
 
 
-def selection_card_section(report: Any, *, plot_filename: str | None = None) -> str:
-    """Markdown section of the card: what was kept, what every stage cost, and what it saved.
+def selection_card_section(report: Any, *, plot_filename: str | None = None, map_filename: str | None = None) -> str:
+    """Markdown section of the card: what was kept, what every stage cost, what it saved, and the run's evaluation.
 
     Args:
         report (`SelectionReport` or its `to_dict()`): the measured record of the selection.
         plot_filename (`str`, *optional*): the cluster-size plot, relative to the card's folder.
+        map_filename (`str`, *optional*): the 2-D feature map (`feature_map.plot_feature_map`), likewise.
     Returns:
         `str`: the section, from `START_MARKER` to `END_MARKER` inclusive. Numbers are formatted as
         `2,306 / 7,688 (30.0%)`, `12.3 s`; values never measured read `not measured`.
@@ -197,6 +198,10 @@ def selection_card_section(report: Any, *, plot_filename: str | None = None) -> 
             lines.append(f"\n{len(sizes) - MAX_CLUSTER_ROWS:,} more clusters are listed in the selection report JSON.")
     if plot_filename:
         lines += ["", f"![Examples per cluster, full data and kept]({plot_filename.replace(os.sep, '/')})"]
+    if map_filename:
+        lines += ["", f"![Features in 2-D (PCA), coloured by cluster, kept examples outlined]"
+                      f"({map_filename.replace(os.sep, '/')})"]
+    lines += _evaluation_lines(r.get("eval_metrics"))
     lines += ["", "### Configuration", "", "```json", json.dumps(r.get("config") or {}, indent=2, sort_keys=True,
                                                                 default=str), "```"]
     if r.get("clustering_params"):
@@ -224,6 +229,45 @@ def _atomic_write(path: str, text: str) -> None:
         handle.write(text)
 
 
+def _evaluation_lines(metrics: Mapping[str, Any] | None) -> list[str]:
+    """The run's `eval_*` metrics as a table (none: a line saying no evaluation ran)."""
+    scalars = {k: v for k, v in (metrics or {}).items() if k.startswith("eval_") and isinstance(v, (int, float))}
+    if not scalars:
+        return ["", "### Evaluation", "", "No evaluation ran in this training run (`Trainer.evaluate`, `eval_strategy`)."]
+    step = (metrics or {}).get("step")
+    where = f"at optimizer step {int(step):,}" if step is not None else "at the end of training"
+    lines = ["", "### Evaluation", "", f"Measured by `Trainer.evaluate` on the evaluation dataset {where} (the model "
+             "trained on the selection; no random-subset run is part of this training run).", "",
+             "| Metric | Value |", "|---|---|"]
+    return lines + [f"| {_cell(k)} | {v:.4g} |" for k, v in sorted(scalars.items())]
+
+
+def selection_metadata(report: Any) -> dict[str, Any]:
+    """YAML metadata of the card: `data_selection: hf_cluster_select` and the selection's measured headline figures
+    (`data_fraction` asked, `fraction_kept`, `n_examples`, `n_kept`, `n_clusters`, `clustering_method`,
+    `selection_seconds`, `fraction_saved` with its `fraction_saved_basis`: measured or estimated)."""
+    r = _values(report)
+    values = {"data_selection": "hf_cluster_select",
+              "data_fraction": (r.get("config") or {}).get("data_fraction"),
+              "fraction_kept": r.get("fraction_kept"), "n_examples": r.get("n_examples"), "n_kept": r.get("n_kept"),
+              "n_clusters": r.get("n_clusters"), "clustering_method": r.get("clustering_method"),
+              "selection_seconds": r.get("selection_seconds"), "fraction_saved": r.get("fraction_saved"),
+              "fraction_saved_basis": ("measured" if r.get("full_data_seconds_basis") == "measured" else "estimated")
+              if r.get("fraction_saved") is not None else None}
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in values.items() if v is not None}
+
+
+def with_metadata(text: str, metadata: Mapping[str, Any]) -> str:
+    """`text` (a card) with `metadata` set in its YAML header, as `key: value` lines (JSON scalars, valid YAML);
+    every other line of the header (TRL's, PEFT's) is kept as written. A card without a header gets one."""
+    ours = [f"{key}: {json.dumps(value)}" for key, value in metadata.items()]
+    if text.startswith("---\n") and "\n---\n" in text[3:]:
+        end = text.index("\n---\n", 3)
+        header = [line for line in text[4:end].split("\n") if line.split(":", 1)[0] not in metadata]
+        return "---\n" + "\n".join(header + ours) + text[end:]
+    return "---\n" + "\n".join(ours) + "\n---\n\n" + text
+
+
 def write_model_card(
     output_dir: str | os.PathLike,
     report: Any,
@@ -231,6 +275,7 @@ def write_model_card(
     base_model: str | None = None,
     dataset_name: str | None = None,
     plot_filename: str | None = None,
+    map_filename: str | None = None,
 ) -> str:
     """Write or update `output_dir/README.md` with the selection section. Call it on the main process only.
 
@@ -245,6 +290,7 @@ def write_model_card(
             looks like a Hub id (`owner/name`, not a local path); a local path is never written to the card.
         dataset_name (`str`, *optional*): name of the training data; a Hub id also goes into the `datasets` metadata.
         plot_filename (`str`, *optional*): the cluster-size PNG; a path inside `output_dir` is linked relative to it.
+        map_filename (`str`, *optional*): the feature-map PNG, relative to `output_dir`.
     Returns:
         `str`: path of the README written.
     """
@@ -256,7 +302,7 @@ def write_model_card(
         if os.path.isabs(plot_filename):
             relative = os.path.relpath(plot_filename, os.path.abspath(output_dir))
             plot_filename = os.path.basename(plot_filename) if relative.startswith("..") else relative
-    section = selection_card_section(report, plot_filename=plot_filename)
+    section = selection_card_section(report, plot_filename=plot_filename, map_filename=map_filename)
     if os.path.exists(path):
         with open(path, encoding="utf-8") as handle:
             text = without_local_base_model(replace_section(handle.read(), section))
@@ -283,5 +329,5 @@ def write_model_card(
             source=source, dataset=dataset, selection_section=section,
         )
         text = str(card).rstrip("\n") + "\n"
-    _atomic_write(path, text)
+    _atomic_write(path, with_metadata(text, selection_metadata(report)))
     return path

@@ -165,6 +165,9 @@ class SelectionReport:
             (`batching/padding.py`): what a step costs; their ratio scales the estimated full-data time.
         features_from_cache (`bool` or `None`): whether the features were loaded from the feature cache
             (`feature_cache.py`; then `features_seconds` is the load time) instead of computed; `None` = no features.
+        feature_map (`dict` or `None`): 2-D PCA coordinates of a sample of the features (`feature_map.py`).
+        eval_metrics (`dict` or `None`): the run's latest `eval_*` metrics (`Trainer.evaluate`) and `step`, copied
+            from the Trainer's log history when the card is written.
     """
 
     n_examples: int
@@ -210,6 +213,8 @@ class SelectionReport:
     padded_tokens_per_batch_full: float | None = None
     padded_tokens_per_batch_selected: float | None = None
     features_from_cache: bool | None = None
+    feature_map: dict | None = None
+    eval_metrics: dict | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -301,17 +306,18 @@ class SelectionReport:
     def summary_metrics(self) -> dict[str, float]:
         """Scalar figures for `Trainer.log`, keys prefixed `cluster_select/`; fields still `None` are left out. When
         the full-data time is estimated, its three figures are logged as `cluster_select/full_data_seconds_estimated`,
-        `seconds_saved_estimated` and `fraction_saved_estimated`, so no dashboard shows an estimate as a
-        measurement (a measured time given later updates the report and the card, not what was logged)."""
+        `seconds_saved_estimated` and `fraction_saved_estimated`, and as `..._measured` when it was measured, so no
+        dashboard shows an estimate as a measurement."""
         metrics = {
             f"cluster_select/{name}": float(getattr(self, name))
             for name in _METRIC_FIELDS
             if getattr(self, name) is not None
         }
-        if self.full_data_seconds_basis not in (None, MEASURED):
+        if self.full_data_seconds_basis is not None:
+            suffix = "_measured" if self.full_data_seconds_basis == MEASURED else "_estimated"
             for name in ("full_data_seconds", "seconds_saved", "fraction_saved"):
                 if f"cluster_select/{name}" in metrics:
-                    metrics[f"cluster_select/{name}_estimated"] = metrics.pop(f"cluster_select/{name}")
+                    metrics[f"cluster_select/{name}{suffix}"] = metrics.pop(f"cluster_select/{name}")
         return metrics
 
     def to_dict(self) -> dict[str, Any]:
