@@ -51,3 +51,20 @@ def test_changed_hook_is_reported():
             pass
 
     assert compat.hook_mismatches(Changed) == {"_run_epoch": ["self", "model", "epoch"]}
+
+
+def test_setup_cfg_states_the_tested_range():
+    """The install range users get is the range CI tests (`compat.TESTED_RANGES`), not wider."""
+    import configparser
+    import os
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    parser = configparser.ConfigParser()
+    parser.read(os.path.join(os.path.dirname(__file__), "..", "setup.cfg"))
+    requirements = {Requirement(line).name: Requirement(line) for line in
+                    parser["options"]["install_requires"].split("\n") if line.strip()}
+    for package, (lowest, first_untested) in compat.TESTED_RANGES.items():
+        bounds = {(s.operator, Version(s.version)) for s in requirements[package].specifier}
+        assert bounds == {(">=", Version(lowest)), ("<", Version(first_untested))}, package
