@@ -127,7 +127,7 @@ def format_report(folder: str, examples: int = 3) -> str:
              f"{report['n_clusters']} clusters ({report['clustering_method']}; {report['n_noise']} noise points); "
              f"features {report.get('features_seconds') or 0:.1f} s, "
              f"clustering {report.get('clustering_seconds') or 0:.1f} s", "",
-             "| cluster | size | kept | weight | mean tokens | mean warm-up loss | examples |",
+             "| cluster | size | kept | weight | mean tokens | mean loss (nats) | examples |",
              "|---|---|---|---|---|---|---|"]
     for row in clusters:
         texts = " · ".join(t[:TEXT_PREVIEW].replace("|", "/").replace("\n", " ") for t in row["examples"][:examples])

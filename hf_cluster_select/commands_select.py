@@ -81,8 +81,8 @@ def tokenize(rows, tokenizer, args: argparse.Namespace) -> tuple[list[dict], lis
 
 
 def inspection(result, weights, kept, lengths, losses, texts, examples: int = 3) -> list[dict]:
-    """Per cluster: size, kept, total weight of its kept examples, mean tokens, mean warm-up loss and the texts of
-    its first kept examples (then of the others). `weights` / `kept` are per example `[n]` (0 / False if dropped)."""
+    """Per cluster: size, kept, total weight of its kept examples, mean tokens, mean loss (nats, under the model as
+    given: `select` has no warm-up) and the texts of its first kept examples (then of the others). `weights` / `kept` are per example `[n]` (0 / False if dropped)."""
     rows = []
     for cluster in range(result.n_clusters):
         members = np.flatnonzero(result.labels == cluster)
