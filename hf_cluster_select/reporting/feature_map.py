@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..atomic import atomic_open
+from .plots import save_png
 
 MAX_MAP_POINTS = 3000
 
@@ -83,8 +83,4 @@ def plot_feature_map(report: Any, path: str | os.PathLike, *, dpi: int = 120) ->
     ax.set_title(f"Features, 2-D PCA: {index.size:,} of {len(labels):,} examples, coloured by cluster "
                  f"({int(values.get('n_clusters') or 0):,} clusters; colours repeat every 20)", fontsize=9)
     ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    path = os.fspath(path)
-    with atomic_open(path, "wb") as handle:
-        fig.savefig(handle, format="png")
-    return path
+    return save_png(fig, path)

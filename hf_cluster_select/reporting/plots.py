@@ -66,8 +66,13 @@ def plot_cluster_sizes(report: Any, path: str | os.PathLike, *, dpi: int = 120) 
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
+    return save_png(fig, path)
 
+
+def save_png(fig: Any, path: str | os.PathLike) -> str:
+    """Lay out a matplotlib `Figure` and write it as PNG atomically (temporary file, then `os.replace`); returns
+    `path`."""
+    fig.tight_layout()
     path = os.fspath(path)
     with atomic_open(path, "wb") as handle:
         fig.savefig(handle, format="png")
