@@ -87,8 +87,11 @@ def weights_digest(model: torch.nn.Module) -> str | None:
             count = min(flat.numel(), SAMPLED_VALUES)  # evenly strided, first and last included (int64 arithmetic)
             index = torch.arange(count, device=flat.device) * (flat.numel() - 1) // max(count - 1, 1)
             sample = flat[index].cpu().contiguous()
-            as_double = flat.double()
-            sums = torch.stack([as_double.sum(), (as_double * as_double).sum()]).cpu().numpy()
+            total = torch.zeros(2, dtype=torch.float64, device=flat.device)
+            for chunk in flat.split(1 << 22):  # float64 in chunks of 4M values: bounded extra memory on the device
+                chunk = chunk.double()
+                total += torch.stack([chunk.sum(), (chunk * chunk).sum()])
+            sums = total.cpu().numpy()
             digest.update(f"{name}|{tuple(parameter.shape)}|{parameter.dtype}".encode())
             digest.update(sums.tobytes())
             digest.update(sample.view(torch.uint8).numpy().tobytes())
