@@ -253,6 +253,8 @@ def format_table(results: dict) -> str:
     lines += [f"{name:32s}{a:>21s}{b:>15s}{c:>16s}" for name, a, b, c in rows]
     lines.append(f"seconds saved: {_fmt(saved, '{:.1f}')} ({_fmt((ours.get('fraction_saved') or 0) * 100, '{:.1f}')}%), "
                  f"full-data time {basis}; {ours['n_clusters']} clusters; world size {ours['world_size']}")
+    lines.append("— : the stock-Trainer arms have no warm-up, feature pass or clustering; an arm skipped with "
+                 "--skip-full / --skip-random shows — throughout")
     return "\n".join(lines)
 
 
