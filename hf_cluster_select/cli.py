@@ -19,7 +19,6 @@ from transformers import HfArgumentParser, TrainingArguments
 
 from .config import RENAMED_FIELDS, ClusterSelectConfig
 
-LEGACY_PREFIX = "--cluster_"  # 0.1's options: --cluster_data_fraction, --cluster_warmup_steps, --cluster_seed, ...
 
 
 def make_parser(*extra_dataclasses: type, training_args_class: type = TrainingArguments) -> HfArgumentParser:
@@ -29,18 +28,21 @@ def make_parser(*extra_dataclasses: type, training_args_class: type = TrainingAr
 
 
 def _upgrade_legacy_options(args: Sequence[str]) -> list[str]:
-    """0.1's `--cluster_<field>` options as the plain field options (`--cluster_seed` → `--selection_seed`); an
-    option that is itself a field (`--cluster_method`, `--cluster_sample_size`) is left alone."""
+    """0.1's `--cluster_<field>` options (also `--cluster-<field>`, and `--no_cluster_<bool>` /
+    `--no-cluster-<bool>`) as the plain field options (`--cluster_seed` → `--selection_seed`); an option that is
+    itself a field (`--cluster_method`, `--cluster_sample_size`) is left alone."""
     fields = {f.name for f in dataclasses.fields(ClusterSelectConfig)}
     upgraded, legacy = [], []
     for arg in args:
         name, sep, value = arg.partition("=")
-        stripped = name[len(LEGACY_PREFIX):].replace("-", "_") if name.startswith(LEGACY_PREFIX) else None
-        if stripped is not None and name[2:].replace("-", "_") not in fields:
-            stripped = RENAMED_FIELDS.get(stripped, stripped)
-            if stripped in fields:
+        plain = name.replace("-", "_")
+        negated = plain.startswith("__no_cluster_")
+        prefix = "__no_cluster_" if negated else "__cluster_"
+        if plain.startswith(prefix) and plain[2:].removeprefix("no_") not in fields:
+            field = RENAMED_FIELDS.get(plain[len(prefix):], plain[len(prefix):])
+            if field in fields:
                 legacy.append(name)
-                arg = f"--{stripped}{sep}{value}"
+                arg = f"--{'no_' if negated else ''}{field}{sep}{value}"
         upgraded.append(arg)
     if legacy:
         warnings.warn(f"the `--cluster_` options are deprecated and will be removed in 0.3 ({', '.join(legacy)}): "

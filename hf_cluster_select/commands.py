@@ -43,13 +43,20 @@ def _config_options(parser: argparse.ArgumentParser) -> None:
                            help=f"{field.metadata.get('help', '')} (default: {default!r})")
 
 
-def _parse_value(text: Any, default: Any) -> Any:
+TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
+
+
+def _parse_value(name: str, text: Any, default: Any) -> Any:
+    """Command-line text of field `name` as its value: bool fields strictly (true/false, yes/no, 1/0, on/off),
+    text fields (and the optional numbers, which `ClusterSelectConfig` parses itself) as given, numbers by type."""
     if not isinstance(text, str):
         return text
-    if text == "None":
-        return None
-    if isinstance(default, bool) or text in ("True", "False", "true", "false"):
-        return text.lower() == "true"
+    if isinstance(default, bool):
+        if text.lower() not in TRUE + FALSE:
+            raise ValueError(f"`--{name.replace('_', '-')}` must be true or false (yes/no, 1/0), got {text!r}.")
+        return text.lower() in TRUE
+    if name in OPTIONAL_NUMBERS or isinstance(default, str) or name == "stratify_column":
+        return None if name == "stratify_column" and text == "None" else text
     for kind in (int, float):
         try:
             return kind(text)
@@ -63,7 +70,7 @@ def config_from_args(args: argparse.Namespace) -> ClusterSelectConfig:
     values = {}
     for field in dataclasses.fields(ClusterSelectConfig):
         default = field.default if field.default is not dataclasses.MISSING else None
-        values[field.name] = _parse_value(getattr(args, "cfg_" + field.name), default)
+        values[field.name] = _parse_value(field.name, getattr(args, "cfg_" + field.name), default)
     return ClusterSelectConfig(**values)
 
 
@@ -94,11 +101,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `hf-cluster-select`; returns the exit status (argparse exits 2 on a bad option)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command == "select":
         from .commands_select import run_select
 
-        run_select(args, config_from_args(args))
+        try:
+            config = config_from_args(args)
+        except (ValueError, TypeError) as error:  # a bad option value: argparse's one-line error, exit status 2
+            parser.error(str(error))
+        try:
+            run_select(args, config)
+        except ValueError as error:  # bad data or model: one line, not a traceback
+            print(f"hf-cluster-select select: error: {error}", file=sys.stderr)
+            return 2
     elif args.command == "report":
         print(format_report(args.folder, args.examples))
     else:

@@ -11,6 +11,7 @@ import argparse
 import functools
 import json
 import os
+import sys
 import time
 from typing import Any
 
@@ -37,6 +38,8 @@ def load_rows(path: str, split: str):
         return loaded
     kinds = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
     kind = kinds.get(os.path.splitext(path)[1].lower())
+    if not os.path.exists(path):
+        raise ValueError(f"`--dataset` {path!r} does not exist.")
     if not os.path.isfile(path) or kind is None:
         raise ValueError(f"`--dataset` must be a {sorted(kinds)} file or a save_to_disk folder, got {path!r}.")
     return datasets.load_dataset(kind, data_files=path, split="train")
@@ -140,7 +143,12 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
         features, loss_tokens = out.features.numpy(), out.loss_tokens.numpy()
         norms, losses = (None if v is None else v.numpy() for v in (out.norms, out.losses))
         if identity is not None and (loss_tokens > 0).any():
-            cache.save(identity, {"features": features, "loss_tokens": loss_tokens, "norms": norms, "losses": losses})
+            try:
+                cache.save(identity, {"features": features, "loss_tokens": loss_tokens, "norms": norms,
+                                      "losses": losses})
+            except OSError as error:  # an unwritable cache costs the cache, never the selection
+                print(f"warning: could not store the features in the cache {cache.directory}: {error}",
+                      file=sys.stderr, flush=True)
     features_seconds = time.perf_counter() - start
     print(f"[3/4] clustering and selection ({config.cluster_method}, {config.within_cluster})", flush=True)
     start = time.perf_counter()

@@ -134,33 +134,39 @@ class LossTokensCollator:
         return self.collator(rebuilt)
 
 
-def token_digest(dataset: Any, keys: tuple[str, ...] = ("input_ids", "labels")) -> str:
-    """SHA-1 over every example's tokens and labels in order (int64 bytes, each example's length first; a column
-    the data does not have is skipped): it changes when any token or any label mask of the training data changes,
-    also for data of the same lengths. One pass over each column.
+def token_digest(dataset: Any, keys: tuple[str, ...] | None = None) -> str:
+    """SHA-1 over every column of every example, in order (numbers as int64 / float64 bytes with each example's
+    length first, anything else as its text): it changes when any token, label mask, attention mask or other input
+    of the training data changes, also for data of the same lengths. One pass over each column.
 
     Args:
         dataset (map-style dataset of `dict`): tokenized examples (checked by `example_lengths` first).
-        keys (`tuple[str, ...]`, *optional*): the columns hashed.
+        keys (`tuple[str, ...]`, *optional*): the columns hashed; `None` = all of them (sorted by name).
     Returns:
         `str`: hex digest.
     """
     import hashlib
 
     column_names = getattr(dataset, "column_names", None)
+    if column_names is None:
+        column_names = sorted(dataset[0]) if len(dataset) else []
     digest = hashlib.sha1()
-    for key in keys:
-        if column_names is not None:
-            if key not in column_names:
-                continue
-            values = dataset.with_format(None)[key] if hasattr(dataset, "with_format") else dataset[key]
+    for key in sorted(column_names) if keys is None else keys:
+        if key not in column_names:
+            continue
+        if hasattr(dataset, "with_format"):
+            values = dataset.with_format(None)[key]
         else:
-            if not len(dataset) or key not in dataset[0]:
-                continue
             values = (dataset[i][key] for i in range(len(dataset)))
         digest.update(key.encode())
-        for tokens in values:
-            array = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        for value in values:
+            array = np.asarray(value)
+            if array.dtype.kind in "biu":
+                array = array.astype(np.int64).reshape(-1)
+            elif array.dtype.kind == "f":
+                array = array.astype(np.float64).reshape(-1)
+            else:
+                array = np.frombuffer(repr(value).encode(), dtype=np.uint8)
             digest.update(np.int64(array.size).tobytes())
             digest.update(array.tobytes())
     return digest.hexdigest()

@@ -56,6 +56,14 @@ def test_legacy_prefixed_options_still_parse_with_a_warning(tmp_path):
              "--cluster_seed", "7", "--cluster_cluster_method", "kmeans", "--cluster_pca_dim=8"])
     assert config == ClusterSelectConfig(data_fraction=0.25, selection_warmup_steps=2, selection_seed=7,
                                          cluster_method="kmeans", pca_dim=8)
+    with pytest.warns(FutureWarning):  # the dash and negated spellings HfArgumentParser also accepted in 0.1
+        _, config = parse_training_and_cluster_args(
+            ["--output_dir", str(tmp_path), *CPU, "--cluster-data-fraction", "0.2", "--cluster-seed", "7",
+             "--no_cluster_balance_tokens"])
+    assert (config.data_fraction, config.selection_seed, config.balance_tokens) == (0.2, 7, False)
+    with pytest.warns(FutureWarning):
+        _, config = parse_training_and_cluster_args(["--output_dir", str(tmp_path), *CPU, "--no-cluster-balance-tokens"])
+    assert config.balance_tokens is False
     with warnings.catch_warnings():  # `--cluster_method` is a field of its own, not a legacy option
         warnings.simplefilter("error", FutureWarning)
         _, config = parse_training_and_cluster_args(["--output_dir", str(tmp_path), *CPU, "--cluster_method", "hdbscan"])

@@ -78,17 +78,42 @@ def test_every_config_field_is_an_option_and_none_parses():
         assert f"--{name}" in help_text
 
 
-def test_bad_columns_and_paths_are_named(tmp_path, model_folder, data_file):
+def test_bad_columns_paths_and_values_are_one_line_errors(tmp_path, model_folder, data_file, capsys):
     base = ["select", "--model", model_folder, "--dataset", data_file, "--output", str(tmp_path / "x")]
-    with pytest.raises(ValueError, match="exactly one of"):
-        main(base)
-    with pytest.raises(ValueError, match=r"column\(s\) \['nope'\]"):
-        main(base + ["--text-column", "nope"])
-    with pytest.raises(ValueError, match="--dataset"):
-        main(["select", "--model", model_folder, "--dataset", str(tmp_path / "no.txt"), "--text-column", "a",
-              "--output", str(tmp_path / "x")])
+    assert main(base) == 2
+    assert "hf-cluster-select select: error:" in capsys.readouterr().err
+    assert main(base + ["--text-column", "nope"]) == 2
+    assert "column(s) ['nope']" in capsys.readouterr().err
+    assert main(["select", "--model", model_folder, "--dataset", str(tmp_path / "no.jsonl"), "--text-column", "a",
+                 "--output", str(tmp_path / "x")]) == 2
+    assert "no.jsonl' does not exist" in capsys.readouterr().err
+    for option, value, expected in (("--data-fraction", "abc", "data_fraction"), ("--feature-cache", "maybe",
+                                    "`--feature-cache` must be true or false")):
+        with pytest.raises(SystemExit) as stop:  # argparse's usage line and message, exit status 2
+            main(base + ["--text-column", "a", option, value])
+        assert stop.value.code == 2 and expected in capsys.readouterr().err
     with pytest.raises(ValueError, match="holds no selection_report.json"):
         format_report(str(tmp_path))
+
+
+def test_option_values_parse_like_hf_argument_parser():
+    parser = build_parser()
+    base = ["select", "--model", "m", "--dataset", "d", "--output", "o"]
+    for text, expected in (("yes", True), ("1", True), ("True", True), ("no", False), ("0", False)):
+        assert config_from_args(parser.parse_args(base + ["--feature-cache", text])).feature_cache is expected
+    assert config_from_args(parser.parse_args(base + ["--stratify-column", "2024"])).stratify_column == "2024"
+
+
+def test_an_unwritable_cache_costs_the_cache_not_the_selection(tmp_path, model_folder, data_file, monkeypatch,
+                                                              capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("HF_CLUSTER_SELECT_CACHE", str(blocker / "cache"))
+    out = tmp_path / "sel"
+    assert main(["select", "--model", model_folder, "--dataset", data_file, "--prompt-column", "q",
+                 "--completion-column", "a", "--data-fraction", "0.25", "--output", str(out)]) == 0
+    assert "could not store the features in the cache" in capsys.readouterr().err
+    assert json.load(open(out / "selection_report.json"))["n_kept"] == 10
 
 
 def test_help_from_the_module():

@@ -62,6 +62,17 @@ def test_a_changed_warm_up_recomputes(tmp_path, tiny_lm, lm_dataset, collator, t
     assert calls == [1, 1] and trainer.selection_report.features_from_cache is False
 
 
+def test_another_attention_mask_recomputes(tmp_path, tiny_lm, lm_dataset, collator, tokenizer, monkeypatch):
+    """Every input column is part of the data's identity: the same tokens and labels with another attention mask
+    are other features."""
+    calls = _counting_feature(monkeypatch)
+    _trainer(tmp_path / "a", copy.deepcopy(tiny_lm), lm_dataset, collator, tokenizer).train()
+    masked = lm_dataset.map(lambda row: {"attention_mask": [1] * (len(row["attention_mask"]) - 1) + [0]})
+    trainer = _trainer(tmp_path / "b", copy.deepcopy(tiny_lm), masked, collator, tokenizer)
+    trainer.train()
+    assert calls == [1, 1] and trainer.selection_report.features_from_cache is False
+
+
 def _identity(model, dataset, config=None, collator="c", tokenizer=None, shift=True):
     fingerprint = data_fingerprint([len(x["input_ids"]) for x in dataset],
                                    str(hash(tuple(tuple(x["input_ids"]) for x in dataset))))

@@ -124,6 +124,12 @@ def test_resume_refuses_other_tokens_and_other_selection_settings():
     remasked = [dict(r) for r in masked]
     remasked[5] = dict(remasked[5], labels=[-100] + remasked[5]["labels"][1:])  # one label mask changed
     assert token_digest(masked) != token_digest(remasked) and token_digest(masked) != digest
+    with_mask = [dict(r, attention_mask=[1] * len(r["input_ids"])) for r in rows]
+    half_masked = [dict(r, attention_mask=[1] * (len(r["input_ids"]) - 1) + [0]) for r in rows]
+    assert len({token_digest(rows), token_digest(with_mask), token_digest(half_masked)}) == 3  # every input column
+    import datasets
+
+    assert token_digest(datasets.Dataset.from_list(half_masked)) == token_digest(half_masked)  # same for datasets
     config = ClusterSelectConfig(data_fraction=0.5)
     run = make_run(config, token_digest=digest)
     selection = selection_of(np.arange(20), np.zeros(40))
