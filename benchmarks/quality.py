@@ -46,7 +46,7 @@ from hf_cluster_select import ClusterSelectConfig, ClusterTrainer  # noqa: E402
 from hf_cluster_select.selection import selection_budget  # noqa: E402
 
 DEFAULT_ARMS = ["full", "random", "default", "paper_selection"]
-PAPER_SELECTION = dict(warmup_steps=0, cluster_method="kmeans", kmeans_n_clusters=2, kmeans_size_cap=1.5, pca_dim=None,
+PAPER_SELECTION = dict(selection_warmup_steps=0, cluster_method="kmeans", kmeans_n_clusters=2, kmeans_size_cap=1.5, pca_dim=None,
                        quota="uniform", within_cluster="peripheral", balance_tokens=False)
 
 
