@@ -11,7 +11,6 @@ import argparse
 import functools
 import json
 import os
-import sys
 import time
 from typing import Any
 
@@ -104,10 +103,9 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
 
     from .data import token_digest
     from .demo.mathqa import pad_collate
-    from .features import FEATURES
     from .feature_cache import FeatureCache, feature_identity
-    from .features.proxy import truncated_layers
     from .persistence import data_fingerprint, save_selection
+    from .pipeline import cached_or_computed_features
     from .reporting.feature_map import feature_map_points
     from .reporting.outputs import write_report_files
     from .reporting.report import SelectionReport
@@ -129,26 +127,13 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
     start = time.perf_counter()
     identity = feature_identity(model, config, data_fingerprint=fingerprint, collator=collate, tokenizer=tokenizer,
                                 shift_labels=True) if config.feature_cache else None
+    print("[2/4] features", flush=True)
     cache = FeatureCache()
-    cached = cache.load(identity) if identity is not None else None
-    print("[2/4] features" + (f" (from the cache {cache.directory})" if cached else ""), flush=True)
-    if cached is not None:
-        features, loss_tokens, norms, losses = (cached.get(k) for k in ("features", "loss_tokens", "norms", "losses"))
-    else:
-        with truncated_layers(model, config.feature_layers):
-            out = FEATURES.get(config.feature)(
-                model, examples, list(range(len(examples))), collate, batch_size=args.batch_size,
-                lengths=lengths.tolist(), projection_dim=config.projection_dim, projection_seed=config.selection_seed,
-                show_progress=True, shift_labels=True)
-        features, loss_tokens = out.features.numpy(), out.loss_tokens.numpy()
-        norms, losses = (None if v is None else v.numpy() for v in (out.norms, out.losses))
-        if identity is not None and (loss_tokens > 0).any():
-            try:
-                cache.save(identity, {"features": features, "loss_tokens": loss_tokens, "norms": norms,
-                                      "losses": losses})
-            except OSError as error:  # an unwritable cache costs the cache, never the selection
-                print(f"warning: could not store the features in the cache {cache.directory}: {error}",
-                      file=sys.stderr, flush=True)
+    features, loss_tokens, norms, losses, from_cache = cached_or_computed_features(
+        model, examples, collate, config=config, n=len(examples), lengths=lengths, batch_size=args.batch_size,
+        shift_labels=True, show_progress=True, cache=cache, identity=identity)
+    if from_cache:
+        print(f"      loaded from the feature cache {cache.directory}", flush=True)
     features_seconds = time.perf_counter() - start
     print(f"[3/4] clustering and selection ({config.cluster_method}, {config.within_cluster})", flush=True)
     start = time.perf_counter()
@@ -161,7 +146,7 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
         input_tokens_total=int(lengths.sum()), input_tokens_kept=int(lengths[chosen.indices].sum()),
         features_seconds=features_seconds, clustering_seconds=clustering_seconds,
         selection_seconds=features_seconds + clustering_seconds, warmup_steps=0, warmup_seconds=0.0,
-        features_from_cache=cached is not None, feature_map=feature_map_points(features, config.selection_seed))
+        features_from_cache=from_cache, feature_map=feature_map_points(features, config.selection_seed))
     print(f"[4/4] writing {args.output}", flush=True)
     os.makedirs(args.output, exist_ok=True)
     weights = np.zeros(len(examples))

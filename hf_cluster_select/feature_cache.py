@@ -3,11 +3,11 @@
 A second run on the same inputs loads the per-example features instead of recomputing them; any change of a key
 part computes them again. The key is the SHA-1 of:
 
-- the data: `persistence.data_fingerprint` (every example's length, and a content hash of its `input_ids` and
-  `labels`: a content hash rather than `datasets`' `_fingerprint`, which is random for in-memory datasets) and the
-  collator class that builds the feature batches;
-- the model: a digest of its config (without `_name_or_path` and `transformers_version`, so a copy in another folder
-  hits) and of the weights used for the features (`weights_digest`: per parameter its name, shape, dtype, the float64
+- the data: `persistence.data_fingerprint` (every example's length, and `data.token_digest`, a content hash of
+  every column: tokens, labels, attention mask, …; a content hash rather than `datasets`' `_fingerprint`, which is
+  random for in-memory datasets) and the collator classes that build the feature batches;
+- the model: a digest of its config (without `UNSTABLE_CONFIG_KEYS` such as `_name_or_path`, so a copy in another
+  folder hits) and of the weights used for the features (`weights_digest`: per parameter its name, shape, dtype, the float64
   sum and sum of squares of all its values and a strided sample of ≤ 4,096 raw values; after the warm-up, so a
   different warm-up misses);
 - the tokenizer (`tokenizer_digest`: class and vocabulary), when the trainer has one;

@@ -94,7 +94,7 @@ def select_with_model(
     if config.data_fraction >= 1.0 and not merge_unclusterable:
         return keep_everything(config, plan, lengths, clock)
     clock.start("features")
-    features, loss_tokens, norms, losses, from_cache = _features(
+    features, loss_tokens, norms, losses, from_cache = cached_or_computed_features(
         model, dataset, collator, config=config, n=plan.n_examples, lengths=lengths, batch_size=batch_size,
         shift_labels=shift_labels, show_progress=show_progress, cache=cache, identity=identity)
     check_loss_tokens(loss_tokens)
@@ -129,11 +129,13 @@ def select_with_model(
     return _timed(outcome, clock)
 
 
-def _features(model, dataset, collator, *, config: ClusterSelectConfig, n: int, lengths: Sequence[int],
-              batch_size: int, shift_labels: bool | None, show_progress: bool, cache: FeatureCache | None,
-              identity: dict | None) -> tuple:
+def cached_or_computed_features(model, dataset, collator, *, config: ClusterSelectConfig, n: int,
+                                lengths: Sequence[int], batch_size: int, shift_labels: bool | None,
+                                show_progress: bool, cache: FeatureCache | None, identity: dict | None) -> tuple:
     """`(features [n, dim] on rank 0 (None elsewhere on a cache hit), loss_tokens [n], norms, losses, from_cache)`:
-    from the cache when rank 0 finds the identity there, else from the feature pass on every rank's shard."""
+    from the cache when rank 0 finds `identity` there, else from the feature pass on every rank's shard (stored in
+    the cache by rank 0; a failed store is logged, never raised). Used by `select_with_model` and by the
+    `hf-cluster-select select` command (one process)."""
     use_cache = cache is not None and identity is not None
     cached = cache.load(identity) if use_cache and distributed.rank() == 0 else None
     if distributed.broadcast_object(cached is not None):  # every rank takes the same branch
