@@ -83,6 +83,7 @@ class ClusterSelectMixin(SelectionOutputsMixin):
         check_map_style(kwargs.get("train_dataset", args[3] if len(args) > 3 else None))  # before Trainer's own check
         self.selection_run: SelectionRun | None = None
         self._cs_subset_sampler = self._cs_subset_loader = None  # the prepared loader of the run's subset sampler
+        self._cs_resume_selection: tuple = (None, None)  # (checkpoint folder, its SavedSelection) read by train()
         super().__init__(*args, **kwargs)
         warn_if_sampler_overridden(type(self))
         self.cluster_callback = ClusterSelectCallback(self)
@@ -186,10 +187,11 @@ class ClusterSelectMixin(SelectionOutputsMixin):
                 run.pending_metrics = report.summary_metrics()
         else:
             saved = load_selection(resume_from_checkpoint) if resume_from_checkpoint else None
-            if saved is not None:  # other data, settings or model are named before Trainer loads the weights
-                run.check_saved(saved)
+            self._cs_resume_selection = (resume_from_checkpoint, saved)  # read once; adopted in _init_training_state
             if saved is not None and run.selects_before_training:
                 run.adopt_saved(saved)
+            elif saved is not None:  # other data, settings or model are named before Trainer loads the weights
+                run.check_saved(saved)
             elif run.selects_before_training:
                 self.run_selection(self.model)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
@@ -251,7 +253,9 @@ class ClusterSelectMixin(SelectionOutputsMixin):
         if resume_from_checkpoint is not None:
             run.clock.restore(ClusterSelectCallback.saved_seconds(self.state.stateful_callbacks))
         if resume_from_checkpoint is not None and self.state.global_step > 0:
-            saved = load_selection(resume_from_checkpoint)
+            folder, saved = self._cs_resume_selection
+            if folder != resume_from_checkpoint:  # not read by `train()` for this checkpoint
+                saved = load_selection(resume_from_checkpoint)
             if saved is not None and run.selection is None:
                 run.adopt_saved(saved)  # first: other data or settings are named before any step arithmetic
             epochs_trained, skip = run.plan.locate(self.state.global_step)
