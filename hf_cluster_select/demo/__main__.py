@@ -90,7 +90,8 @@ def run_arm(name, trainer_cls, model_dir, train, eval_set, tokenizer, collate, a
     output = trainer.train()
     seconds = time.perf_counter() - start
     metrics = trainer.evaluate()
-    _remove_if_empty(training_args.output_dir)
+    if trainer.is_world_process_zero():  # one rank removes it: two would race on the same folder
+        _remove_if_empty(training_args.output_dir)
     return trainer, {"train_seconds": seconds, "eval_loss": metrics["eval_loss"], "steps": output.global_step}
 
 
@@ -214,9 +215,13 @@ def _banner(rank_zero: bool, number: int, total: int, text: str) -> None:
 
 
 def _remove_if_empty(folder: str) -> None:
-    """A stock arm saves nothing (save_strategy="no"): leave no empty folder behind."""
-    if os.path.isdir(folder) and not os.listdir(folder):
-        os.rmdir(folder)
+    """A stock arm saves nothing (save_strategy="no"): leave no empty folder behind. Called on one rank; a folder
+    that is already gone or not empty is left as it is."""
+    try:
+        if not os.listdir(folder):
+            os.rmdir(folder)
+    except OSError:
+        pass
 
 
 def _fmt(value, spec="{:.3f}") -> str:
