@@ -3,6 +3,8 @@
     python benchmarks/quality.py                                  # 20ng, fractions 0.1 0.3 0.5, seeds 0 1 2
     python benchmarks/quality.py --task ni --fractions 0.3        # SmolLM2 SFT on 16 skills (slow: ~1 h)
     python benchmarks/quality.py --quick --out /tmp/q.json        # a 1-2 minute smoke run (used by the tests)
+    python benchmarks/quality.py --task mathqa --fractions 0.1 0.5 --arms random default \
+        --merge benchmarks/results/quality_mathqa.json               # adds fractions to an earlier result
 
 Arms, each from the same model initialisation (per seed), the same recipe and the same epochs over its own data:
 - `full`: stock `Trainer` on every example (once per seed);
@@ -195,6 +197,23 @@ def plot(rows: list[dict], path: str) -> None:
     plt.close(fig)
 
 
+def load_earlier(path: str | None, task: str) -> dict:
+    """The result JSON `--merge` names (`{}` without one), each cell tagged with the commit it was measured at.
+
+    Raises:
+        ValueError: if the file holds another task's result.
+    """
+    if path is None:
+        return {}
+    with open(path, encoding="utf-8") as handle:
+        earlier = json.load(handle)
+    if earlier.get("task") != task:
+        raise ValueError(f"--merge {path}: a result of task {earlier.get('task')!r}, not {task!r}")
+    for cell in earlier.get("cells", []):
+        cell.setdefault("commit", earlier.get("commit"))
+    return earlier
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="20ng", choices=sorted(quality_tasks.TASKS))
@@ -203,16 +222,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", nargs="+", default=DEFAULT_ARMS)
     parser.add_argument("--quick", action="store_true", help="tiny pools, 1 epoch, one fraction and seed")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/quality_<task>.json)")
+    parser.add_argument("--merge", default=None, metavar="JSON",
+                        help="keep the cells of an earlier run of the same task (each tagged with its commit) that "
+                        "this run does not redo, and summarise them all: adds fractions or arms to a result")
     bench_io.add_report_option(parser)
     args = parser.parse_args(argv)
     if bench_io.print_report(args.report, markdown):
         return 0
     if args.quick:
-        args.fractions, args.seeds = args.fractions[:1] if args.fractions != [0.1, 0.3, 0.5] else [0.5], [0]
+        args.fractions = args.fractions[:1] if args.fractions != [0.1, 0.3, 0.5] else [0.5]
+        args.seeds = args.seeds[:1] if args.seeds != [0, 1, 2] else [0]
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"quality_{args.task}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     commit = os.popen("git -C " + os.path.dirname(os.path.abspath(__file__)) + " rev-parse --short HEAD").read().strip()
+    earlier = load_earlier(args.merge, args.task)  # a wrong file fails before the task loads
     task = quality_tasks.TASKS[args.task](args.quick)  # the commit is the code that runs, read before it runs
     work = os.path.join("/tmp", f"quality_{args.task}_{os.getpid()}")
     cells = []
@@ -222,14 +246,19 @@ def main(argv: list[str] | None = None) -> int:
                 if arm == "full" and fraction != args.fractions[0]:
                     continue  # one full-data run per seed
                 cell = run_arm(task, arm, 1.0 if arm == "full" else fraction, seed, os.path.join(work, arm))
+                cell["commit"] = commit
                 cells.append(cell)
                 print(json.dumps({k: v for k, v in cell.items() if not k.startswith("loss_skill_")}), flush=True)
                 with open(out, "w", encoding="utf-8") as handle:  # partial results survive an interruption
                     json.dump({"cells": cells}, handle, indent=1)
+    redone = {(c["arm"], c["fraction"], c["seed"]) for c in cells}
+    cells = [c for c in earlier.get("cells", []) if (c["arm"], c["fraction"], c["seed"]) not in redone] + cells
+    arms = list(dict.fromkeys(earlier.get("arms", []) + args.arms))
     rows = summarise(cells, task.main_metric, task.higher_is_better)
-    result = {"task": args.task, "commit": commit, "quick": args.quick, "metric": task.main_metric,
+    result = {"task": args.task, "commit": commit, "commits": sorted({c["commit"] for c in cells}),
+              "quick": args.quick, "metric": task.main_metric,
               "higher_is_better": task.higher_is_better, "n_train": len(task.train), "n_test": len(task.test),
-              "recipe": task.recipe, "arms": args.arms, "summary": rows, "cells": cells}
+              "recipe": task.recipe, "arms": arms, "summary": rows, "cells": cells}
     with open(out, "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=1)
     plot(rows, os.path.splitext(out)[0] + ".png")

@@ -39,3 +39,22 @@ def test_quick_quality_benchmark(tmp_path):
     assert (tmp_path / "quality.png").stat().st_size > 0
     table = (tmp_path / "quality.md").read_text()
     assert "| default | " in table and f"{100 * cells['default']['accuracy']:.1f} ± 0.0" in table
+
+    # --merge: a second run redoes the random arm at another seed and keeps every earlier cell, tagged by commit
+    merged = tmp_path / "merged.json"
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--quick", "--arms", "random", "--seeds", "1",
+         "--merge", str(out), "--out", str(merged)], env=env, capture_output=True, text=True, timeout=900,
+        check=False)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    both = json.loads(merged.read_text())
+    assert sorted((c["arm"], c["seed"]) for c in both["cells"]) == [("default", 0), ("full", 0), ("random", 0),
+                                                                    ("random", 1)]
+    assert all(c["commit"] == result["commit"] for c in both["cells"]) and both["commits"] == [result["commit"]]
+    assert both["arms"] == ["full", "random", "default"]
+    random_row = next(r for r in both["summary"] if r["arm"] == "random")
+    assert random_row["n_seeds"] == 2
+    wrong = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--quick", "--task", "ni", "--merge", str(out),
+         "--out", str(tmp_path / "x.json")], env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert wrong.returncode != 0 and "a result of task '20ng', not 'ni'" in wrong.stderr
