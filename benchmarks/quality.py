@@ -142,14 +142,31 @@ def summarise(cells: list[dict], main: str, higher_is_better: bool) -> list[dict
     return rows
 
 
+SECONDARY_METRICS = ("accuracy", "macro_f1")  # reported under the main table when the cells hold them (higher = better)
+
+
 def markdown(result: dict) -> str:
-    """The README table: per arm and fraction, mean ± std of the main metric over seeds, the paired gain against
-    the random subset (seeds won), the weighted class/skill TV distance and the smallest kept share."""
-    rows, metric = result["summary"], result["metric"]
-    scale, unit = (100, "") if result.get("higher_is_better", True) else (1, "")  # accuracy in %, loss in nats
+    """The README tables: per arm and fraction, mean ± std of the main metric over seeds, the paired gain against
+    the random subset (seeds won), the weighted class/skill TV distance and the smallest kept share; then the same
+    (without TV and share) for each secondary metric the cells hold (`SECONDARY_METRICS`), and the commits."""
+    cells = result.get("cells", [])
+    lines = [_table(result["summary"], result["metric"], result.get("higher_is_better", True), result, True)]
+    for metric in SECONDARY_METRICS:
+        if metric != result["metric"] and cells and all(metric in c for c in cells):
+            rows = summarise(cells, metric, True)
+            lines += ["", _table(rows, metric, True, result, False)]
+    commits = result.get("commits") or [result.get("commit")]
+    lines += ["", f"Measured at commit{'s' if len(commits) > 1 else ''} {', '.join(f'`{c}`' for c in commits)}."]
+    return "\n".join(lines)
+
+
+def _table(rows: list[dict], metric: str, higher_is_better: bool, result: dict, balance: bool) -> str:
+    scale = 100 if higher_is_better else 1  # accuracy in %, loss in nats
+    digits = 1 if scale == 100 else 3
     fractions = sorted({r["fraction"] for r in rows if r["arm"] != "full"})
     arms = [a for a in result["arms"] if a != "full"]
-    head = "| arm | " + " | ".join(f"f = {f:g}: {metric} (gain vs random, wins) / TV / min share" for f in fractions)
+    tail = " / TV / min share" if balance else ""
+    head = "| arm | " + " | ".join(f"f = {f:g}: {metric} (gain vs random, wins){tail}" for f in fractions)
     lines = [head + " |", "|---|" + "---|" * len(fractions)]
     for arm in arms:
         cells = []
@@ -158,18 +175,15 @@ def markdown(result: dict) -> str:
             if r is None:
                 cells.append("—")
                 continue
-            digits = 1 if scale == 100 else 3
-            gain = "" if arm == "random" else (f" ({scale * r['paired_gain_vs_random']:+.{digits}f}{unit}, "
+            gain = "" if arm == "random" else (f" ({scale * r['paired_gain_vs_random']:+.{digits}f}, "
                                                f"{r['wins_vs_random']}/{r['n_seeds']})")
-            cells.append(f"{scale * r['mean']:.{digits}f} ± {scale * r['std']:.{digits}f}{gain} / "
-                         f"{r['tv_distance']:.3f} / {r['min_share_ratio']:.2f}")
+            extra = f" / {r['tv_distance']:.3f} / {r['min_share_ratio']:.2f}" if balance else ""
+            cells.append(f"{scale * r['mean']:.{digits}f} ± {scale * r['std']:.{digits}f}{gain}{extra}")
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     full = next((x for x in rows if x["arm"] == "full"), None)
     if full:
-        digits = 1 if scale == 100 else 3
         lines.append(f"| full data | {scale * full['mean']:.{digits}f} ± {scale * full['std']:.{digits}f} (all "
-                     f"{result['n_train']}) |"
-                     + " |" * (len(fractions) - 1))
+                     f"{result['n_train']}) |" + " |" * (len(fractions) - 1))
     return "\n".join(lines)
 
 
