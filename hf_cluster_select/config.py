@@ -12,7 +12,7 @@ from typing import Any
 
 from . import registry
 
-FEATURES = ("last_layer_grad", "badge", "hidden_mean")
+FEATURES = ("auto", "last_layer_grad", "badge", "hidden_mean")
 FEATURE_CONTEXTS = ("full", "loss_tokens")
 CLUSTER_METHODS = ("hdbscan", "kmeans", "fine_kmeans")
 NOISE_POLICIES = ("assign", "own_cluster")
@@ -48,7 +48,9 @@ class ClusterSelectConfig:
     accepted as keyword arguments and attributes with a `FutureWarning` (removed in 0.3).
 
     The defaults were chosen on the quality benchmarks (README, "Selection quality"; `benchmarks/probe.py`,
-    `benchmarks/quality.py`): BADGE's last-layer gradient (Ash et al., ICLR 2020) as the feature, fine KMeans strata
+    `benchmarks/quality.py`, `benchmarks/coverage_ni.py`): `feature="auto"` — for a language model the mean hidden
+    state over loss-bearing tokens after 2/3 of the blocks (RDS+, Ivison et al., arXiv 2503.01807), for a
+    classification head BADGE's last-layer gradient (Ash et al., ICLR 2020) — fine KMeans strata
     of about `kept_per_cluster` kept examples each, facility-location medoids (the objective of CRAIG, Mirzasoleiman
     et al., ICML 2020) with uniform weights, an exact budget and token-balanced allocation. HDBSCAN (Campello et al.
     2013) is `cluster_method="hdbscan"`. `ClusterSelectConfig.paper()` returns CluSTER's published recipe (Kim et al.,
@@ -70,11 +72,13 @@ class ClusterSelectConfig:
         },
     )
     feature: str = field(
-        default="badge",
+        default="auto",
         metadata={
-            "help": "Per-example learning-effect signal: 'badge' = the whole last-layer gradient (p - onehot(y)) ⊗ h "
-            "(BADGE; class axis projected for large vocabularies); 'last_layer_grad' = its target row (p_y - 1)·h "
-            "(CluSTER); 'hidden_mean' = the mean head input (RDS+).",
+            "help": "Per-example learning-effect signal: 'auto' = 'hidden_mean' after the first 2/3 of the blocks "
+            "for a language-model head, 'badge' for a classification head (features/choice.py); 'badge' = the "
+            "whole last-layer gradient (p - onehot(y)) ⊗ h (BADGE; class axis projected for large vocabularies); "
+            "'last_layer_grad' = its target row (p_y - 1)·h (CluSTER); 'hidden_mean' = the mean head input over "
+            "loss-bearing tokens (RDS+).",
             "choices": _choices(FEATURES),
         },
     )
@@ -97,7 +101,8 @@ class ClusterSelectConfig:
     feature_layers: int | str | None = field(
         default=None,
         metadata={"help": "Features from only the first k transformer blocks of the model (then its final norm and "
-                  "head): a cheaper proxy, about k / n_layers of the feature pass; None = all blocks."},
+                  "head): a cheaper proxy, about k / n_layers of the feature pass; None = all blocks, except that "
+                  "feature='auto' on a language model takes round(2/3 · n_layers)."},
     )
     feature_cache: bool = field(
         default=True,

@@ -17,7 +17,7 @@ from . import distributed
 from ._types import ClusteringResult, Selection
 from .clock import PhaseClock
 from .config import ClusterSelectConfig
-from .features import FEATURES
+from .features import FEATURES, describe_feature, resolve_feature
 from .feature_cache import FeatureCache
 from .features.proxy import truncated_layers
 from .reporting.feature_map import feature_map_points
@@ -122,6 +122,7 @@ def select_with_model(
             full_data_steps=plan.full_data_steps,
         )
         report.features_from_cache = from_cache
+        report.feature_used = describe_feature(*resolve_feature(model, config.feature, config.feature_layers))
         report.feature_map = feature_map_points(features, config.selection_seed)
         payload = SelectionOutcome(chosen, result.labels, result.raw_labels, report)
     outcome = distributed.broadcast_object(payload)
@@ -144,8 +145,9 @@ def cached_or_computed_features(model, dataset, collator, *, config: ClusterSele
         return (cached["features"] if cached is not None else None, np.asarray(small["loss_tokens"]),
                 small["norms"], small["losses"], True)
     local = distributed.shard_indices(n, distributed.world_size(), distributed.rank())
-    with truncated_layers(model, config.feature_layers):
-        output = FEATURES.get(config.feature)(
+    feature, feature_layers = resolve_feature(model, config.feature, config.feature_layers)
+    with truncated_layers(model, feature_layers):
+        output = FEATURES.get(feature)(
             model,
             dataset,
             local,

@@ -19,7 +19,7 @@ from hf_cluster_select.persistence import data_fingerprint
 
 def _counting_feature(monkeypatch) -> list:
     calls = []
-    name = ClusterSelectConfig().feature
+    name = "hidden_mean"  # feature="auto" on a language model
     original = FEATURES.get(name)
     monkeypatch.setitem(FEATURES._entries, name, lambda model, *a, **k: (calls.append(1), original(model, *a, **k))[1])
     return calls

@@ -80,7 +80,7 @@ def test_feature_model_is_the_one_features_come_from(tmp_path, tokenizer, tiny_l
     """`feature_model=` (a module, or a saved folder) is what the feature signal receives; the trained model is
     trained on the selection."""
     seen = []
-    name = ClusterSelectConfig().feature
+    name = "hidden_mean"  # feature="auto" on a language model
     original = FEATURES.get(name)
     monkeypatch.setitem(FEATURES._entries, name, lambda model, *a, **k: (seen.append(model), original(model, *a, **k))[1])
     proxy = deep_lm(tokenizer, layers=1)
@@ -123,7 +123,7 @@ def test_feature_model_errors(tmp_path, tokenizer, tiny_lm, lm_dataset, collator
 def test_feature_layers_in_a_training_run(tmp_path, tiny_lm, lm_dataset, collator, monkeypatch):
     """`ClusterSelectConfig(feature_layers=1)`: the feature pass sees 1 of the 2 blocks; training uses both."""
     depth = []
-    name = ClusterSelectConfig().feature
+    name = "hidden_mean"  # feature="auto" on a language model
     original = FEATURES.get(name)
     monkeypatch.setitem(FEATURES._entries, name,
                         lambda model, *a, **k: (depth.append(len(model.model.layers)), original(model, *a, **k))[1])
@@ -147,7 +147,7 @@ def test_train_on_a_saved_selection(tmp_path, tokenizer, tiny_lm, lm_dataset, co
     def refuse(*args, **kwargs):
         raise AssertionError("no feature pass when a selection is given")
 
-    monkeypatch.setitem(FEATURES._entries, ClusterSelectConfig().feature, refuse)
+    monkeypatch.setitem(FEATURES._entries, "hidden_mean", refuse)  # feature="auto" on a language model
     other_model = deep_lm(tokenizer, layers=3)
     args = TrainingArguments(output_dir=str(tmp_path / "b"), per_device_train_batch_size=4, num_train_epochs=1,
                              report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, warmup_steps=2)

@@ -13,11 +13,14 @@ from hf_cluster_select.selection import CLUSTERERS, WITHIN_CLUSTER_RULES, select
 
 
 @pytest.mark.parametrize("registry, choices", [
-    (FEATURES, config_module.FEATURES), (CLUSTERERS, config_module.CLUSTER_METHODS),
+    (FEATURES, config_module.FEATURES[1:]), (CLUSTERERS, config_module.CLUSTER_METHODS),
     (WITHIN_CLUSTER_RULES, config_module.WITHIN_CLUSTER), (ALLOCATIONS, config_module.ALLOCATIONS),
 ])
 def test_config_choices_are_the_registered_names(registry, choices):
+    """Every config choice is a registered strategy, except `feature="auto"`, which `features/choice.py` resolves
+    to a registered one for each model."""
     assert registry.names() == list(choices)
+    assert config_module.FEATURES[0] == "auto" and "auto" not in FEATURES.names()
 
 
 def test_registry_errors_name_the_choices():

@@ -294,7 +294,7 @@ def test_stock_trainer_equivalence_at_full_fraction(tmp_path, lm_dataset, collat
     def refuse(*args, **kwargs):
         raise AssertionError("no model work at data_fraction=1.0")
 
-    monkeypatch.setitem(FEATURES._entries, ClusterSelectConfig().feature, refuse)
+    monkeypatch.setitem(FEATURES._entries, "hidden_mean", refuse)  # feature="auto" on a language model
     monkeypatch.setattr(pipeline, "cluster_features", refuse)
     config = ClusterSelectConfig(data_fraction=1.0, selection_warmup_steps=4, balance_tokens=False)
     ours = build(tmp_path / "o", copy.deepcopy(_tiny_lm_base), lm_dataset, collator, config=config)
@@ -327,7 +327,7 @@ def test_second_train_call_reselects(tmp_path, tiny_lm, lm_dataset, collator, mo
     from hf_cluster_select.features import FEATURES
 
     calls = []
-    name = ClusterSelectConfig().feature
+    name = "hidden_mean"  # feature="auto" on a language model
     original = FEATURES.get(name)
     monkeypatch.setitem(FEATURES._entries, name, lambda *a, **k: (calls.append(1), original(*a, **k))[1])
     trainer = build(tmp_path, tiny_lm, lm_dataset, collator)

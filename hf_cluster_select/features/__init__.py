@@ -3,7 +3,8 @@
 A signal is a function `(model, dataset, indices, collate_fn, *, batch_size, lengths, projection, projection_dim,
 projection_seed, normalize, show_progress, shift_labels) -> FeatureOutput` registered in `FEATURES` under the name
 `ClusterSelectConfig.feature` takes: `last_layer_grad` (CluSTER's `(p_y - 1)·h`), `badge` (BADGE's
-`(p - onehot(y)) ⊗ h`), `hidden_mean` (RDS+-style mean head input). All share one forward pass (`head_pass.py`).
+`(p - onehot(y)) ⊗ h`), `hidden_mean` (RDS+-style mean head input). All share one forward pass (`head_pass.py`). `choice.py` says what
+`feature="auto"` (the default) computes for a given model.
 """
 
 from ..registry import FEATURES
@@ -13,6 +14,7 @@ from .last_layer_grad import last_layer_grad_features  # noqa: E402  (registers 
 from .badge import badge_features  # noqa: E402  (registers "badge")
 from .hidden_mean import hidden_mean_features  # noqa: E402  (registers "hidden_mean")
 from .projection import RandomProjection  # noqa: E402
+from .choice import AUTO_DEPTH, describe_feature, resolve_feature  # noqa: E402
 
-__all__ = ["FEATURES", "FeatureOutput", "RandomProjection", "badge_features", "feature_pass", "hidden_mean_features",
-           "last_layer_grad_features"]
+__all__ = ["AUTO_DEPTH", "FEATURES", "FeatureOutput", "RandomProjection", "badge_features", "describe_feature",
+           "feature_pass", "hidden_mean_features", "last_layer_grad_features", "resolve_feature"]

@@ -156,6 +156,8 @@ def selection_card_section(report: Any, *, plot_filename: str | None = None, map
              "not counted above")] if r.get("n_dropped_by_preparation") is not None else []),
         ("Tokens kept", _ratio(r.get("tokens_kept"), r.get("tokens_total"), r.get("fraction_tokens_kept")),
          f"{token_kind} in kept examples / in all examples"),
+        *([("Feature", r["feature_used"], "the per-example learning-effect feature the clustering used "
+             "(feature='auto' resolved for this model)")] if r.get("feature_used") else []),
         ("Clusters", _count(r.get("n_clusters")), "groups examples were assigned to after the noise policy"),
         ("Noise points", _count(r.get("n_noise")), "examples the clusterer labelled -1 before assignment"),
         ("Non-finite features", _count(r.get("n_nonfinite_features", 0)),

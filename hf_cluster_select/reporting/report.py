@@ -165,6 +165,8 @@ class SelectionReport:
             (`batching/padding.py`): what a step costs; their ratio scales the estimated full-data time.
         features_from_cache (`bool` or `None`): whether the features were loaded from the feature cache
             (`feature_cache.py`; then `features_seconds` is the load time) instead of computed; `None` = no features.
+        feature_used (`str` or `None`): the feature computed, `feature="auto"` resolved for the model
+            (`features/choice.py`), e.g. `"hidden_mean after 20 blocks"`; `None` = no features.
         feature_map (`dict` or `None`): 2-D PCA coordinates of a sample of the features (`feature_map.py`).
         eval_metrics (`dict` or `None`): the run's latest `eval_*` metrics (`Trainer.evaluate`) and `step`, copied
             from the Trainer's log history when the card is written.
@@ -213,6 +215,7 @@ class SelectionReport:
     padded_tokens_per_batch_full: float | None = None
     padded_tokens_per_batch_selected: float | None = None
     features_from_cache: bool | None = None
+    feature_used: str | None = None
     feature_map: dict | None = None
     eval_metrics: dict | None = None
 

@@ -1,0 +1,74 @@
+"""`feature="auto"` (the default): `hidden_mean` after 2/3 of the blocks for a language model, `badge` for a
+classification head; what was computed is in the report and the card."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tiny_assets
+import torch
+from transformers import BertConfig, BertForSequenceClassification, LlamaForCausalLM, TrainingArguments
+
+from hf_cluster_select import ClusterSelectConfig, ClusterTrainer
+from hf_cluster_select.features import describe_feature, hidden_mean_features, resolve_feature
+from hf_cluster_select.features.proxy import truncated_layers
+from hf_cluster_select.pipeline import cached_or_computed_features
+
+
+def lm(tokenizer, layers: int) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM(tiny_assets.llama_config(len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                                                     num_hidden_layers=layers)).eval()
+
+
+@pytest.mark.parametrize("layers, blocks", [(1, None), (2, 1), (3, 2), (4, 3), (6, 4), (30, 20)])
+def test_auto_on_a_language_model_is_hidden_mean_after_two_thirds(tokenizer, layers, blocks):
+    assert resolve_feature(lm(tokenizer, layers), "auto", None) == ("hidden_mean", blocks)
+
+
+def test_auto_on_a_classifier_is_badge_and_explicit_settings_win(tokenizer):
+    torch.manual_seed(0)
+    classifier = BertForSequenceClassification(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=3,
+                                                          num_attention_heads=2, intermediate_size=32,
+                                                          num_labels=3)).eval()
+    assert resolve_feature(classifier, "auto", None) == ("badge", None)
+    assert resolve_feature(classifier, "auto", 2) == ("badge", 2)
+    model = lm(tokenizer, 6)
+    assert resolve_feature(model, "auto", 5) == ("hidden_mean", 5)
+    assert resolve_feature(model, "badge", None) == ("badge", None)
+    assert resolve_feature(model, "last_layer_grad", 2) == ("last_layer_grad", 2)
+    assert describe_feature("hidden_mean", 4) == "hidden_mean after 4 blocks"
+    assert describe_feature("badge", None) == "badge"
+    assert ClusterSelectConfig().feature == "auto"
+
+
+def test_default_features_are_hidden_mean_of_the_truncated_model(tokenizer, lm_dataset, collator):
+    """The pipeline's default feature pass on a 3-block LM equals `hidden_mean` over its first 2 blocks, and
+    differs from `hidden_mean` over all 3."""
+    model = lm(tokenizer, 3)
+    n = 16
+    lengths = [len(lm_dataset[i]["input_ids"]) for i in range(n)]
+    features, loss_tokens, _, _, from_cache = cached_or_computed_features(
+        model, lm_dataset, collator, config=ClusterSelectConfig(), n=n, lengths=lengths, batch_size=4,
+        shift_labels=True, show_progress=False, cache=None, identity=None)
+    assert not from_cache and features.shape[0] == n and loss_tokens.shape == (n,)
+    with truncated_layers(model, 2):
+        two = hidden_mean_features(model, lm_dataset, list(range(n)), collator, batch_size=4, lengths=lengths,
+                                   show_progress=False, shift_labels=True).features.numpy()
+    every = hidden_mean_features(model, lm_dataset, list(range(n)), collator, batch_size=4, lengths=lengths,
+                                 show_progress=False, shift_labels=True).features.numpy()
+    np.testing.assert_allclose(features, two, atol=1e-5)
+    assert not np.allclose(features, every, atol=1e-3)
+    assert len(model.model.layers) == 3
+
+
+def test_report_and_card_name_the_feature_used(tokenizer, lm_dataset, collator, tmp_path):
+    model = lm(tokenizer, 3)
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8, num_train_epochs=1,
+                             use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True)
+    trainer = ClusterTrainer(model=model, args=args, train_dataset=lm_dataset, data_collator=collator,
+                             cluster_config=ClusterSelectConfig(data_fraction=0.5, selection_warmup_steps=0))
+    trainer.train()
+    assert trainer.selection_report.feature_used == "hidden_mean after 2 blocks"
+    trainer.create_model_card()
+    assert "| Feature | hidden_mean after 2 blocks |" in (tmp_path / "README.md").read_text()
