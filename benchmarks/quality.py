@@ -211,11 +211,14 @@ def plot(rows: list[dict], path: str) -> None:
     plt.close(fig)
 
 
-def load_earlier(path: str | None, task: str) -> dict:
+def load_earlier(path: str | None, task: str, quick: bool) -> dict:
     """The result JSON `--merge` names (`{}` without one), each cell tagged with the commit it was measured at.
+    Cells are matched by (arm, fraction, seed): an arm name whose meaning changed between the commits (`default`
+    after a change of defaults) must be renamed in one of the files first.
 
     Raises:
-        ValueError: if the file holds another task's result.
+        ValueError: if the file holds another task's result, or a `--quick` result where this run is not one (or
+            the other way round).
     """
     if path is None:
         return {}
@@ -223,6 +226,8 @@ def load_earlier(path: str | None, task: str) -> dict:
         earlier = json.load(handle)
     if earlier.get("task") != task:
         raise ValueError(f"--merge {path}: a result of task {earlier.get('task')!r}, not {task!r}")
+    if bool(earlier.get("quick")) != quick:
+        raise ValueError(f"--merge {path}: quick={bool(earlier.get('quick'))} there, quick={quick} here")
     for cell in earlier.get("cells", []):
         cell.setdefault("commit", earlier.get("commit"))
     return earlier
@@ -250,7 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"quality_{args.task}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     commit = os.popen("git -C " + os.path.dirname(os.path.abspath(__file__)) + " rev-parse --short HEAD").read().strip()
-    earlier = load_earlier(args.merge, args.task)  # a wrong file fails before the task loads
+    try:
+        earlier = load_earlier(args.merge, args.task, args.quick)  # a wrong file fails before the task loads
+    except (OSError, ValueError) as error:
+        parser.error(str(error))
     task = quality_tasks.TASKS[args.task](args.quick)  # the commit is the code that runs, read before it runs
     work = os.path.join("/tmp", f"quality_{args.task}_{os.getpid()}")
     cells = []

@@ -105,7 +105,7 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
     from .demo.mathqa import pad_collate
     from .feature_cache import FeatureCache, feature_identity
     from .persistence import data_fingerprint, save_selection
-    from .features import describe_feature, resolve_feature
+    from .features import describe_feature, feature_used
     from .pipeline import cached_or_computed_features
     from .reporting.feature_map import feature_map_points
     from .reporting.outputs import write_report_files
@@ -128,7 +128,7 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
     start = time.perf_counter()
     identity = feature_identity(model, config, data_fingerprint=fingerprint, collator=collate, tokenizer=tokenizer,
                                 shift_labels=True) if config.feature_cache else None
-    print(f"[2/4] features ({describe_feature(*resolve_feature(model, config.feature, config.feature_layers))})",
+    print(f"[2/4] features ({describe_feature(*feature_used(model, config.feature, config.feature_layers))})",
           flush=True)
     cache = FeatureCache()
     features, loss_tokens, norms, losses, from_cache = cached_or_computed_features(
@@ -149,7 +149,7 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
         features_seconds=features_seconds, clustering_seconds=clustering_seconds,
         selection_seconds=features_seconds + clustering_seconds, warmup_steps=0, warmup_seconds=0.0,
         features_from_cache=from_cache, feature_map=feature_map_points(features, config.selection_seed),
-        feature_used=describe_feature(*resolve_feature(model, config.feature, config.feature_layers)))
+        feature_used=describe_feature(*feature_used(model, config.feature, config.feature_layers)))
     print(f"[4/4] writing {args.output}", flush=True)
     os.makedirs(args.output, exist_ok=True)
     weights = np.zeros(len(examples))

@@ -34,7 +34,7 @@ import torch
 
 from . import distributed
 from .config import ClusterSelectConfig
-from .features.choice import resolve_feature
+from .features.choice import feature_used
 
 CACHE_ENV = "HF_CLUSTER_SELECT_CACHE"
 FEATURE_FIELDS = ("feature", "feature_context", "projection_dim", "feature_layers", "selection_seed")
@@ -123,7 +123,7 @@ def feature_identity(model: torch.nn.Module, config: ClusterSelectConfig, *, dat
         "weights": _sha1(digests),
         "tokenizer": tokenizer_digest(tokenizer),
         "settings": {name: getattr(config, name) for name in FEATURE_FIELDS},
-        "resolved_feature": list(resolve_feature(model, config.feature, config.feature_layers)),
+        "resolved_feature": list(feature_used(model, config.feature, config.feature_layers)),
         "shift_labels": shift_labels,
         "world_size": len(digests),
     }

@@ -10,7 +10,8 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification, LlamaForCausalLM, TrainingArguments
 
 from hf_cluster_select import ClusterSelectConfig, ClusterTrainer
-from hf_cluster_select.features import describe_feature, hidden_mean_features, resolve_feature
+from hf_cluster_select.features import (describe_feature, effective_layers, feature_used, hidden_mean_features,
+                                        resolve_feature)
 from hf_cluster_select.features.proxy import truncated_layers
 from hf_cluster_select.pipeline import cached_or_computed_features
 
@@ -38,6 +39,7 @@ def test_auto_on_a_classifier_is_badge_and_explicit_settings_win(tokenizer):
     assert resolve_feature(model, "badge", None) == ("badge", None)
     assert resolve_feature(model, "last_layer_grad", 2) == ("last_layer_grad", 2)
     assert describe_feature("hidden_mean", 4) == "hidden_mean after 4 blocks"
+    assert describe_feature("hidden_mean", 1) == "hidden_mean after 1 block"
     assert describe_feature("badge", None) == "badge"
     assert ClusterSelectConfig().feature == "auto"
 
@@ -48,10 +50,15 @@ def test_default_features_are_hidden_mean_of_the_truncated_model(tokenizer, lm_d
     model = lm(tokenizer, 3)
     n = 16
     lengths = [len(lm_dataset[i]["input_ids"]) for i in range(n)]
-    features, loss_tokens, _, _, from_cache = cached_or_computed_features(
+    features, loss_tokens, norms, losses, from_cache = cached_or_computed_features(
         model, lm_dataset, collator, config=ClusterSelectConfig(), n=n, lengths=lengths, batch_size=4,
         shift_labels=True, show_progress=False, cache=None, identity=None)
-    assert not from_cache and features.shape[0] == n and loss_tokens.shape == (n,)
+    assert not from_cache and features.shape[0] == n and loss_tokens.shape == (n,) and norms.shape == (n,)
+    assert losses is None  # a truncated pass's losses are not the model's: dropped
+    _, _, _, full_losses, _ = cached_or_computed_features(
+        model, lm_dataset, collator, config=ClusterSelectConfig(feature="hidden_mean"), n=n, lengths=lengths,
+        batch_size=4, shift_labels=True, show_progress=False, cache=None, identity=None)
+    assert full_losses.shape == (n,) and np.isfinite(full_losses).all() and (full_losses > 0).all()
     with truncated_layers(model, 2):
         two = hidden_mean_features(model, lm_dataset, list(range(n)), collator, batch_size=4, lengths=lengths,
                                    show_progress=False, shift_labels=True).features.numpy()
@@ -72,3 +79,14 @@ def test_report_and_card_name_the_feature_used(tokenizer, lm_dataset, collator, 
     assert trainer.selection_report.feature_used == "hidden_mean after 2 blocks"
     trainer.create_model_card()
     assert "| Feature | hidden_mean after 2 blocks |" in (tmp_path / "README.md").read_text()
+
+
+def test_a_truncation_that_does_not_happen_is_not_reported(tokenizer):
+    """`feature_layers` at or above the depth runs every block (with a warning): the report says so, and the cache
+    identity equals that of no truncation."""
+    model = lm(tokenizer, 3)
+    assert effective_layers(model, 10) is None and effective_layers(model, 3) is None
+    assert effective_layers(model, 2) == 2 and effective_layers(model, None) is None
+    assert feature_used(model, "badge", 10) == ("badge", None) == feature_used(model, "badge", None)
+    assert feature_used(model, "auto", None) == ("hidden_mean", 2)
+    assert describe_feature(*feature_used(model, "badge", 3)) == "badge"

@@ -14,7 +14,7 @@ from .last_layer_grad import last_layer_grad_features  # noqa: E402  (registers 
 from .badge import badge_features  # noqa: E402  (registers "badge")
 from .hidden_mean import hidden_mean_features  # noqa: E402  (registers "hidden_mean")
 from .projection import RandomProjection  # noqa: E402
-from .choice import AUTO_DEPTH, describe_feature, resolve_feature  # noqa: E402
+from .choice import AUTO_DEPTH, describe_feature, effective_layers, feature_used, resolve_feature  # noqa: E402
 
 __all__ = ["AUTO_DEPTH", "FEATURES", "FeatureOutput", "RandomProjection", "badge_features", "describe_feature",
-           "feature_pass", "hidden_mean_features", "last_layer_grad_features", "resolve_feature"]
+           "effective_layers", "feature_pass", "feature_used", "hidden_mean_features", "last_layer_grad_features", "resolve_feature"]

@@ -4,14 +4,16 @@
 - a **language-model head** (causal or sequence-to-sequence LM: `get_output_embeddings()` is a module) gets
   `hidden_mean` — the mean head input over the loss-bearing tokens (RDS+, Ivison et al., arXiv 2503.01807) — taken
   after the first `AUTO_DEPTH` = 2/3 of the transformer blocks (then the model's final norm; `features/proxy.py`).
-  On 16 Natural-Instructions skills, SmolLM2-135M's hidden states after 20 of 30 blocks group the skills at ARI 0.81
-  against 0.62 after all 30 and 0.36 for BADGE's vocabulary-projected gradient, and the feature pass costs about
-  2/3 of a full one;
+  On 16 Natural-Instructions skills (`benchmarks/coverage_ni.py`), SmolLM2-135M's hidden states after 20 of 30 blocks
+  group the skills better than after all 30 and than BADGE's vocabulary-projected gradient (KMeans-16 ARI in
+  `benchmarks/results/coverage_ni.json`), and the feature pass costs about 2/3 of a full one;
 - a **classification head** (`score` / `classifier`) gets `badge`, BADGE's whole last-layer gradient
   `(p − onehot(y)) ⊗ h` (Ash et al., ICLR 2020), which carries the class and the error (the linear-probe and
   20 Newsgroups benchmarks chose it).
 
-An explicit `feature_layers` overrides the depth; any other `feature` is used as given.
+An explicit `feature_layers` overrides the depth; any other `feature` is used as given. A truncated pass's
+per-example losses are not the model's (they come from the first blocks and the head): the pipeline drops them, so
+the loss-based within-cluster rules fall back as their docstrings say and the report shows no loss.
 """
 
 from __future__ import annotations
@@ -52,6 +54,28 @@ def resolve_feature(model: torch.nn.Module, feature: str, feature_layers: int | 
     return "hidden_mean", (blocks if blocks < depth else None)
 
 
+def effective_layers(model: torch.nn.Module, feature_layers: int | None) -> int | None:
+    """The blocks a `truncated_layers(model, feature_layers)` pass really runs: `None` when it runs them all
+    (`feature_layers` is `None` or not below every block stack's depth, or the model has no block list)."""
+    if feature_layers is None:
+        return None
+    try:
+        depth = max(len(layers) for _, _, layers in find_layer_lists(model))
+    except ValueError:
+        return None
+    return feature_layers if feature_layers < depth else None
+
+
 def describe_feature(feature: str, feature_layers: int | None) -> str:
-    """`"hidden_mean after 20 blocks"` / `"badge"`: the resolved feature as the report and the card state it."""
-    return feature if feature_layers is None else f"{feature} after {feature_layers} blocks"
+    """`"hidden_mean after 20 blocks"` / `"badge"`: the resolved feature as the report and the card state it
+    (`feature_layers` as `effective_layers` gives it)."""
+    if feature_layers is None:
+        return feature
+    return f"{feature} after {feature_layers} block{'s' if feature_layers != 1 else ''}"
+
+
+def feature_used(model: torch.nn.Module, feature: str, feature_layers: int | None) -> tuple[str, int | None]:
+    """`(signal name, blocks really run or None)` of a config's feature settings on `model`: `resolve_feature`,
+    then `effective_layers`."""
+    name, layers = resolve_feature(model, feature, feature_layers)
+    return name, effective_layers(model, layers)
