@@ -6,7 +6,8 @@ on the stripped prompts (`ni_stripped`: the input alone).
     python benchmarks/coverage_ni.py      # ~4 minutes; writes benchmarks/results/coverage_ni.json
 
 Features of SmolLM2-135M-Instruct as loaded (LoRA at initialisation, no warm-up), selection only (no training): issue
-9's bar is each skill at least half its proportional share (here: at least one of the 19 kept examples).
+9's bar is each skill at least half its proportional share (here: at least one of the 19 kept examples). Also, per
+feature, how well KMeans told K = 16 on the L2-normalised features recovers the skills (`ari_kmeans16`).
 """
 import json
 import os
@@ -15,6 +16,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
+from sklearn.cluster import KMeans  # noqa: E402
+from sklearn.metrics import adjusted_rand_score  # noqa: E402
 import quality_tasks  # noqa: E402
 from hf_cluster_select import ClusterSelectConfig  # noqa: E402
 from hf_cluster_select.features import FEATURES, describe_feature, resolve_feature  # noqa: E402
@@ -38,7 +41,9 @@ def zero_kept(task, feature: str | None) -> dict[str, list[int]]:
         out = FEATURES.get(name)(model, task.train, list(range(n)), task.collator, batch_size=16,
                                  lengths=[len(r["input_ids"]) for r in task.train], show_progress=False,
                                  shift_labels=True)
-    res = {}
+    unit = out.features.numpy() / np.linalg.norm(out.features.numpy(), axis=1, keepdims=True)
+    res = {f"{feature} ({describe_feature(name, layers)})/ari_kmeans16": round(float(adjusted_rand_score(
+        groups, KMeans(task.n_groups, n_init=10, random_state=0).fit_predict(unit))), 3)}
     for kpc in (4, 2, 1):
         counts = []
         for seed in SEEDS:
