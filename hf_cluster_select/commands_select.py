@@ -128,8 +128,8 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
     start = time.perf_counter()
     identity = feature_identity(model, config, data_fingerprint=fingerprint, collator=collate, tokenizer=tokenizer,
                                 shift_labels=True) if config.feature_cache else None
-    print(f"[2/4] features ({describe_feature(*feature_used(model, config.feature, config.feature_layers))})",
-          flush=True)
+    feature = describe_feature(*feature_used(model, config.feature, config.feature_layers))
+    print(f"[2/4] features ({feature})", flush=True)
     cache = FeatureCache()
     features, loss_tokens, norms, losses, from_cache = cached_or_computed_features(
         model, examples, collate, config=config, n=len(examples), lengths=lengths, batch_size=args.batch_size,
@@ -149,7 +149,7 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
         features_seconds=features_seconds, clustering_seconds=clustering_seconds,
         selection_seconds=features_seconds + clustering_seconds, warmup_steps=0, warmup_seconds=0.0,
         features_from_cache=from_cache, feature_map=feature_map_points(features, config.selection_seed),
-        feature_used=describe_feature(*feature_used(model, config.feature, config.feature_layers)))
+        feature_used=feature)
     print(f"[4/4] writing {args.output}", flush=True)
     os.makedirs(args.output, exist_ok=True)
     weights = np.zeros(len(examples))

@@ -17,7 +17,7 @@ from . import distributed
 from ._types import ClusteringResult, Selection
 from .clock import PhaseClock
 from .config import ClusterSelectConfig
-from .features import FEATURES, describe_feature, feature_used, resolve_feature
+from .features import FEATURES, describe_feature, effective_layers, feature_used, resolve_feature
 from .feature_cache import FeatureCache
 from .features.proxy import truncated_layers
 from .reporting.feature_map import feature_map_points
@@ -163,7 +163,7 @@ def cached_or_computed_features(model, dataset, collator, *, config: ClusterSele
     loss_tokens = distributed.gather_rows(output.loss_tokens.reshape(-1, 1), local, n).reshape(-1).numpy()
     norms, losses = (None if v is None else distributed.gather_rows(v.reshape(-1, 1), local, n).reshape(-1).numpy()
                      for v in (output.norms, output.losses))  # a custom signal may leave them out
-    if feature_used(model, config.feature, config.feature_layers)[1] is not None:
+    if effective_layers(model, feature_layers) is not None:
         losses = None  # a truncated pass's losses are not the model's (features/choice.py)
     if use_cache and distributed.rank() == 0 and bool((loss_tokens > 0).any()):
         try:

@@ -46,9 +46,8 @@ def resolve_feature(model: torch.nn.Module, feature: str, feature_layers: int | 
         return "badge", feature_layers
     if feature_layers is not None:
         return "hidden_mean", feature_layers
-    try:
-        depth = max(len(layers) for _, _, layers in find_layer_lists(model))
-    except ValueError:  # no block list to truncate: every block
+    depth = _depth(model)
+    if depth is None:  # no block list to truncate: every block
         return "hidden_mean", None
     blocks = max(1, round(AUTO_DEPTH * depth))
     return "hidden_mean", (blocks if blocks < depth else None)
@@ -57,13 +56,16 @@ def resolve_feature(model: torch.nn.Module, feature: str, feature_layers: int | 
 def effective_layers(model: torch.nn.Module, feature_layers: int | None) -> int | None:
     """The blocks a `truncated_layers(model, feature_layers)` pass really runs: `None` when it runs them all
     (`feature_layers` is `None` or not below every block stack's depth, or the model has no block list)."""
-    if feature_layers is None:
-        return None
+    depth = _depth(model) if feature_layers is not None else None
+    return feature_layers if depth is not None and feature_layers < depth else None
+
+
+def _depth(model: torch.nn.Module) -> int | None:
+    """Blocks of the model's deepest block stack (`find_layer_lists`); `None` when it has no block list."""
     try:
-        depth = max(len(layers) for _, _, layers in find_layer_lists(model))
+        return max(len(layers) for _, _, layers in find_layer_lists(model))
     except ValueError:
         return None
-    return feature_layers if feature_layers < depth else None
 
 
 def describe_feature(feature: str, feature_layers: int | None) -> str:
