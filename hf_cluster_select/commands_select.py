@@ -140,7 +140,7 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
     print(f"[3/4] clustering and selection ({config.cluster_method}, {config.within_cluster})", flush=True)
     start = time.perf_counter()
     result = cluster_features(np.asarray(features), config, loss_tokens=loss_tokens)
-    chosen = select_subset(result, config, norms=norms, losses=losses)
+    chosen = select_subset(result, config, norms=norms, losses=losses, lengths=lengths)
     clustering_seconds = time.perf_counter() - start
     report = SelectionReport.from_results(
         result, chosen, config, tokens_total=int(loss_tokens.sum()),

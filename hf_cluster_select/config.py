@@ -23,6 +23,7 @@ WITHIN_CLUSTER = (
     "drop_hard_random", "loss_stratified", "importance_norm", "importance_loss",  # selection/signal_rules.py
 )
 QUOTAS = ("proportional", "uniform")
+BUDGET_UNITS = ("examples", "tokens")
 ALLOCATIONS = ("balanced", "paper")
 # 0.1 names that collide with TrainingArguments; accepted (with a FutureWarning) until 0.3
 RENAMED_FIELDS = {"warmup_steps": "selection_warmup_steps", "seed": "selection_seed"}
@@ -62,7 +63,15 @@ class ClusterSelectConfig:
     """
 
     data_fraction: float = field(
-        default=0.3, metadata={"help": "Share of training examples to keep after selection, in (0, 1]."}
+        default=0.3, metadata={"help": "Share of the training data to keep after selection, in (0, 1]: of the "
+                               "examples, or of the tokens with budget_unit='tokens'."}
+    )
+    budget_unit: str = field(
+        default="examples",
+        metadata={"help": "What data_fraction counts: 'examples' (exactly that share of examples), or 'tokens' (kept "
+                  "examples hold about that share of the input tokens, each cluster its share of them; as many "
+                  "optimizer steps as the same share of examples, each holding about its share of the tokens; "
+                  "needs balance_tokens and allocation='balanced').", "choices": _choices(BUDGET_UNITS)},
     )
     selection_warmup_steps: int | str | None = field(
         default=None,
@@ -237,6 +246,7 @@ class ClusterSelectConfig:
             ("noise_policy", NOISE_POLICIES),
             ("within_cluster", WITHIN_CLUSTER + tuple(registry.WITHIN_CLUSTER_RULES)),
             ("quota", QUOTAS),
+            ("budget_unit", BUDGET_UNITS),
             ("allocation", ALLOCATIONS + tuple(registry.ALLOCATIONS)),
         ):  # built-in names, and any a user registered (hf_cluster_select.registry)
             if getattr(self, name) not in allowed:
@@ -254,6 +264,10 @@ class ClusterSelectConfig:
                 raise TypeError(f"`{name}` must be a bool, got {getattr(self, name)!r}.")
         if isinstance(self.selection_seed, bool) or not isinstance(self.selection_seed, int):
             raise TypeError(f"`selection_seed` must be an int, got {self.selection_seed!r}.")
+        if self.budget_unit == "tokens" and (not self.balance_tokens or self.allocation != "balanced"):
+            raise ValueError("`budget_unit`='tokens' needs `balance_tokens`=True and `allocation`='balanced' (steps of a "
+                             f"fixed example count cannot hold a share of tokens), got balance_tokens="
+                             f"{self.balance_tokens}, allocation={self.allocation!r}.")
 
     def _parse_text_values(self) -> None:
         """Command-line text of the optional fields ("None", "16", "1.5") to their values; ValueError naming the
@@ -287,15 +301,8 @@ class ClusterSelectConfig:
             _warn_renamed(old)
         overrides = upgrade_config_dict(overrides)
         values: dict[str, Any] = dict(
-            feature="last_layer_grad",
-            selection_warmup_steps=0,
-            cluster_method="kmeans",
-            kmeans_size_cap=1.5,
-            pca_dim=None,
-            quota="uniform",
-            within_cluster="peripheral",
-            allocation="paper",
-            balance_tokens=False,
+            feature="last_layer_grad", selection_warmup_steps=0, cluster_method="kmeans", kmeans_size_cap=1.5,
+            pca_dim=None, quota="uniform", within_cluster="peripheral", allocation="paper", balance_tokens=False,
         )
         values.update(overrides)
         return cls(**values)

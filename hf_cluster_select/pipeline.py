@@ -104,7 +104,7 @@ def select_with_model(
     if distributed.rank() == 0:
         result = cluster_features(np.asarray(features), config, world_size=plan.world_size, loss_tokens=loss_tokens,
                                   merge_unclusterable=merge_unclusterable)
-        chosen = select_subset(result, config, norms=norms, losses=losses, strata=strata)
+        chosen = select_subset(result, config, norms=norms, losses=losses, strata=strata, lengths=lengths)
         report = SelectionReport.from_results(
             result,
             chosen,

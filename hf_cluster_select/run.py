@@ -22,6 +22,7 @@ import torch
 
 from ._types import Selection
 from .batching.allocations import get_allocation
+from .batching.token_budget import MAX_EXAMPLES_FACTOR
 from .batching.padding import plan_padded_tokens, random_batch_padded_tokens
 from .batching.sampler import ClusterBatchSampler
 from .clock import PhaseClock
@@ -169,12 +170,14 @@ class SelectionRun:
         sampler.set_epoch(epoch)
         return sampler
 
-    def _sampler(self, indices, labels, *, allocation: str, num_batches: int | None = None) -> ClusterBatchSampler:
+    def _sampler(self, indices, labels, *, allocation: str, num_batches: int | None = None,
+                 batches_per_rank: int | None = None) -> ClusterBatchSampler:
         plan, config = self.plan, self.config
         return ClusterBatchSampler(
             indices=indices, labels=labels, lengths=self.lengths[np.asarray(indices)], world_size=plan.world_size,
             per_device_batch_size=plan.per_device_batch_size, seed=config.selection_seed, balance_tokens=config.balance_tokens,
             window=config.balance_window, allocation=allocation, num_batches=num_batches,
+            batches_per_rank=batches_per_rank,
         )
 
     # ---- selection --------------------------------------------------------------------------------------------
@@ -213,19 +216,30 @@ class SelectionRun:
         """Take `selection` as this run's: per-example loss weights, the subset sampler and (for an allocation that
         selects before training, while the plan is not frozen) the step plan re-sized to its batch count.
 
+        With `budget_unit="tokens"` the kept count may differ from `plan.n_kept`: the subset sampler then fills the
+        planned `selected_batches_per_epoch` with token-balanced batches (`plan.plan_epoch(micro_steps=...)`).
+
         Raises:
-            ValueError: if it kept another number of examples than the plan's budget, or its batch count does not
-                match a frozen plan.
+            ValueError: if it kept another number of examples than the plan's budget (`budget_unit="examples"`) or
+                more than the planned steps can hold (`"tokens"`: 4·B per batch), or its batch count does not match
+                a frozen plan.
         """
-        plan = self.plan
-        if selection.n_kept != plan.n_kept or selection.n_total != plan.n_examples:
+        plan, by_tokens = self.plan, self.config.budget_unit == "tokens"
+        if selection.n_total != plan.n_examples or (selection.n_kept != plan.n_kept and not by_tokens):
             raise ValueError(
                 f"the selection kept {selection.n_kept} of {selection.n_total} examples, but this run keeps "
                 f"{plan.n_kept} of {plan.n_examples} (data_fraction={self.config.data_fraction})."
             )
+        capacity = plan.selected_batches_per_epoch * plan.world_size * MAX_EXAMPLES_FACTOR * plan.per_device_batch_size
+        if by_tokens and selection.n_kept > capacity:
+            raise ValueError(
+                f"budget_unit='tokens' kept {selection.n_kept} examples, more than the {capacity} that the planned "
+                f"{plan.selected_steps_per_epoch} steps per epoch can hold (kept examples much shorter than average): "
+                "use budget_unit='examples'.")
         self.selection, self.report = selection, report if report is not None else self.report
         self.labels, self.raw_labels = np.asarray(labels, dtype=np.int64), np.asarray(raw_labels, dtype=np.int64)
-        batches = self.allocation.batches_per_rank(selection.labels, plan.world_size, plan.per_device_batch_size)
+        batches = plan.selected_batches_per_epoch if by_tokens else self.allocation.batches_per_rank(
+            selection.labels, plan.world_size, plan.per_device_batch_size)
         if batches != plan.selected_batches_per_epoch:
             if self.plan_frozen:
                 raise ValueError(f"the subset's batch plan has {batches} batches per rank, the frozen step plan "
@@ -235,7 +249,8 @@ class SelectionRun:
         kept = self.allocation.loss_weights(selection, self.labels, plan.world_size)
         dense[torch.as_tensor(selection.indices)] = torch.as_tensor(kept, dtype=torch.float32)
         self._dense_weights = dense
-        self.subset_sampler = self._sampler(selection.indices, selection.labels, allocation=self.config.allocation)
+        self.subset_sampler = self._sampler(selection.indices, selection.labels, allocation=self.config.allocation,
+                                            batches_per_rank=batches if by_tokens else None)
 
     def adopt_saved(self, saved: SavedSelection, ignore: tuple[str, ...] = (), check_model: bool = True) -> None:
         """`check_saved`, then `adopt` the selection and its report."""

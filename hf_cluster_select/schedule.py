@@ -20,7 +20,8 @@ class StepPlan:
 
     Attributes:
         n_examples (`int`): size of the full training set.
-        n_kept (`int`): size of the selected subset.
+        n_kept (`int`): size of the selected subset (with `budget_unit="tokens"`: the same share of examples, which
+            sets the step count; the kept count then varies, see `SelectionRun.adopt`).
         world_size (`int`), per_device_batch_size (`int`), gradient_accumulation_steps (`int`): batch geometry.
         warmup_steps (`int`): optimizer steps on the full data before selection (0 = select first).
         selected_batches_per_epoch (`int`): per-device batches each rank gets per epoch of the subset.

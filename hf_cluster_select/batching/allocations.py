@@ -41,10 +41,11 @@ class BalancedAllocation:
         return batches_per_rank(len(labels), world_size, per_device_batch_size)
 
     def plan(self, labels, lengths, *, world_size, per_device_batch_size, seed, epoch, balance_tokens=True,
-             window=8) -> list[list[int]]:
-        """`plan.plan_epoch`."""
+             window=8, micro_steps=None) -> list[list[int]]:
+        """`plan.plan_epoch` (`micro_steps`: a step count fixed in advance, see there)."""
         return plan_epoch(labels, lengths, world_size=world_size, per_device_batch_size=per_device_batch_size,
-                          seed=seed, epoch=epoch, balance_tokens=balance_tokens, window=window)
+                          seed=seed, epoch=epoch, balance_tokens=balance_tokens, window=window,
+                          micro_steps=micro_steps)
 
     def loss_weights(self, selection: Selection, all_labels: np.ndarray, world_size: int) -> np.ndarray:
         """`Selection.loss_weights()`: the selection weights rescaled to mean 1."""

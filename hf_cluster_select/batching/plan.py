@@ -115,6 +115,7 @@ def plan_epoch(
     epoch: int,
     balance_tokens: bool = True,
     window: int = 8,
+    micro_steps: int | None = None,
 ) -> list[list[int]]:
     """One epoch of per-device batches, every micro-step mixing clusters in proportion and (optionally) tokens balanced.
 
@@ -151,11 +152,15 @@ def plan_epoch(
         balance_tokens (`bool`, *optional*, defaults to `True`): token-budget batches of equal padded size per step.
         window (`int`, *optional*, defaults to `8`): lookahead in micro-steps when balancing tokens (the longest
             example that waited this many steps leads the next step).
+        micro_steps (`int`, *optional*): `G`, micro-steps in the epoch, instead of `ceil(m / (W·B))`: a step count
+            fixed before the kept count is known (`budget_unit="tokens"`). Needs `balance_tokens` when
+            `m > G·W·B` (steps then hold about `m / G` examples) and `m <= G·W·MAX_EXAMPLES_FACTOR·B`.
     Returns:
         `list[list[int]]`: `G·W` non-empty batches of positions in `0..m-1`, each with at most `B` entries
         (`MAX_EXAMPLES_FACTOR·B` with `balance_tokens`).
     Raises:
-        ValueError: if an argument is out of range or `labels` and `lengths` differ in shape.
+        ValueError: if an argument is out of range, `labels` and `lengths` differ in shape, or `micro_steps` cannot
+            hold the `m` examples.
     """
     labels = check_int_array("labels", labels)
     lengths = check_int_array("lengths", lengths, labels.shape)
@@ -166,7 +171,10 @@ def plan_epoch(
     window = check_int("window", window, 1)
     check_int("epoch", epoch, 0)
     m = labels.shape[0]
-    groups = batches_per_rank(m, w, b)
+    groups = batches_per_rank(m, w, b) if micro_steps is None else check_int("micro_steps", micro_steps, 1)
+    if m > groups * w * (MAX_EXAMPLES_FACTOR * b if balance_tokens else b):
+        raise ValueError(f"`micro_steps`={groups} cannot hold {m} examples at world_size={w}, per_device_batch_size={b}"
+                         f" ({'at most ' + str(MAX_EXAMPLES_FACTOR) + '·B per batch' if balance_tokens else 'needs balance_tokens'}).")
     rng = epoch_rng(check_int("seed", seed, -(1 << 63)), epoch, 0)
     order = mixed_order(labels, rng)
     if m < groups * w:

@@ -43,6 +43,9 @@ class ClusterBatchSampler(Sampler[list[int]]):
             `world_size` clusters).
         num_batches (`int`, *optional*): per-device batches to yield per iteration, a positive multiple of
             `world_size`; `None` = one epoch.
+        batches_per_rank (`int`, *optional*): per-device batches each rank gets per epoch, fixed in advance instead of
+            the allocation's count (`budget_unit="tokens"`: steps then hold about `m / batches_per_rank` examples;
+            `plan.plan_epoch(micro_steps=...)`); `"balanced"` allocation only.
     Raises:
         ValueError: if an argument is out of range, the arrays differ in shape, or `indices` is not 1-D int.
     """
@@ -63,6 +66,7 @@ class ClusterBatchSampler(Sampler[list[int]]):
         window: int = 8,
         allocation: str = "balanced",
         num_batches: int | None = None,
+        batches_per_rank: int | None = None,
     ) -> None:
         labels = _int_array("labels", labels)
         lengths = _int_array("lengths", lengths, labels.shape)
@@ -79,6 +83,10 @@ class ClusterBatchSampler(Sampler[list[int]]):
         if strategy.exact_clusters and len(np.unique(labels)) != self.world_size:
             raise ValueError(f"`labels` must hold exactly `world_size`={self.world_size} distinct clusters for "
                              f"`allocation`={allocation!r}, got {len(np.unique(labels))}.")
+        if batches_per_rank is not None and _int("batches_per_rank", batches_per_rank, 1) and strategy.exact_clusters:
+            raise ValueError(f"`batches_per_rank` is only for a step count fixed in advance with the 'balanced' "
+                             f"allocation, got allocation={allocation!r}.")
+        self.fixed_batches_per_rank = None if batches_per_rank is None else int(batches_per_rank)
         self.indices = indices
         self.labels = labels
         self.lengths = lengths
@@ -104,7 +112,8 @@ class ClusterBatchSampler(Sampler[list[int]]):
 
     def batches_per_epoch(self) -> int:
         """Per-device batches in one epoch's plan (all ranks together), a multiple of `world_size`; no iteration."""
-        per_rank = self.strategy.batches_per_rank(self.labels, self.world_size, self.per_device_batch_size)
+        per_rank = self.fixed_batches_per_rank or self.strategy.batches_per_rank(
+            self.labels, self.world_size, self.per_device_batch_size)
         return per_rank * self.world_size
 
     def __len__(self) -> int:
@@ -121,7 +130,9 @@ class ClusterBatchSampler(Sampler[list[int]]):
         return self.strategy.plan(self.labels, self.lengths, world_size=self.world_size,
                                   per_device_batch_size=self.per_device_batch_size, seed=self.seed,
                                   epoch=_int("epoch", epoch, 0), balance_tokens=self.balance_tokens,
-                                  window=self.window)
+                                  window=self.window,
+                                  **({} if self.fixed_batches_per_rank is None else
+                                     {"micro_steps": self.fixed_batches_per_rank}))
 
     def __iter__(self) -> Iterator[list[int]]:
         remaining = len(self)

@@ -61,16 +61,17 @@ def plan_token_balanced(order: np.ndarray, labels: np.ndarray, lengths: np.ndarr
     _, cluster, sizes = np.unique(labels, return_inverse=True, return_counts=True)
     cluster, weight = cluster.reshape(-1), len(labels) / sizes
     cap, token_cap = MAX_EXAMPLES_FACTOR * b, b * int(lengths.max())
+    per_step = max(w * b, -(-len(order) // groups))  # above W·B only for a fixed step count (budget_unit='tokens')
     waiting, since = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)  # examples waiting, oldest first
     taken, scale, carry = 0, 1.0, 0.0
     plan: list[list[int]] = []
     for step in range(groups):
-        more = order[taken : taken + max(0, (window + 1) * w * b - len(waiting))]
+        more = order[taken : taken + max(0, (window + 1) * per_step - len(waiting))]
         waiting, since = np.concatenate([waiting, more]), np.concatenate([since, np.full(len(more), step)])
         taken += len(more)
         lens = lengths[waiting]
         remaining, left = len(waiting) + len(order) - taken, groups - step
-        least, most = remaining - (left - 1) * w * b, min(len(waiting), remaining - (left - 1) * w)  # last: the rest
+        least, most = remaining - (left - 1) * per_step, min(len(waiting), remaining - (left - 1) * w)  # last: rest
         target = min(max(round(remaining / left), least), most)
         overdue = np.flatnonzero(since <= step - window)  # waited `window` steps: lead now, the longest first
         anchor = int(overdue[np.argmax(lens[overdue])]) if len(overdue) else int(np.argmax(lens))

@@ -156,6 +156,11 @@ def selection_card_section(report: Any, *, plot_filename: str | None = None, map
              "not counted above")] if r.get("n_dropped_by_preparation") is not None else []),
         ("Tokens kept", _ratio(r.get("tokens_kept"), r.get("tokens_total"), r.get("fraction_tokens_kept")),
          f"{token_kind} in kept examples / in all examples"),
+        *([("Input tokens kept (the budget)", _ratio(r.get("input_tokens_kept"), r.get("input_tokens_total"),
+                                                    (r.get("input_tokens_kept") or 0) / (r.get("input_tokens_total") or 1)),
+            f"budget_unit='tokens': data_fraction={(r.get('config') or {}).get('data_fraction')} of the input "
+            "tokens; kept input tokens / all input tokens")]
+          if (r.get("config") or {}).get("budget_unit") == "tokens" else []),
         *([("Feature", r["feature_used"], "the per-example learning-effect feature the clustering used "
              "(feature='auto' resolved for this model)")] if r.get("feature_used") else []),
         ("Clusters", _count(r.get("n_clusters")), "groups examples were assigned to after the noise policy"),

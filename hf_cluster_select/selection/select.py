@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .._types import NO_LOSS_LABEL, ClusteringResult, Selection
-from ..config import ClusterSelectConfig
+from ..config import BUDGET_UNITS, ClusterSelectConfig
 from .budget import selection_budget
 from .quotas import cluster_quotas
 from .within_cluster import WITHIN_CLUSTER_RULES
@@ -39,20 +39,26 @@ def _cells(labels: np.ndarray, strata: Any, n_total: int) -> tuple[np.ndarray, n
     return cells.reshape(-1), pairs[0]
 
 
-def _units(eligible: np.ndarray, groups: Any, budget: int, n_total: int) -> tuple[np.ndarray, np.ndarray]:
+def _units(eligible: np.ndarray, groups: Any, budget: int, n_total: int,
+           cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The examples selection chooses among and how many examples each stands for: with `groups`, the first
-    (lowest-index) eligible copy of every duplicate group, counting its copies, as long as there are at least
-    `budget` groups; otherwise every eligible example once."""
+    (lowest-index) eligible copy of every duplicate group, counting its copies, as long as those copies' `cost`
+    (1 per example, or its tokens) reaches `budget`; otherwise every eligible example once."""
     if groups is None:
         return eligible, np.ones(eligible.size, dtype=np.int64)
     groups = np.asarray(groups).reshape(-1)
     if groups.shape != (n_total,):
         raise ValueError(f"`groups` must have shape [{n_total}], got {tuple(groups.shape)}.")
     _, first, counts = np.unique(groups[eligible], return_index=True, return_counts=True)
-    if first.size < budget:
+    if cost[eligible[first]].sum() < budget:
         return eligible, np.ones(eligible.size, dtype=np.int64)
     order = np.argsort(first)
     return eligible[first[order]], counts[order].astype(np.int64)
+
+
+def _count_for(tokens: int, mean_length: float, available: int) -> int:
+    """Members that hold about `tokens` tokens at `mean_length` each: rounded, in `[1, available]`."""
+    return int(min(available, max(1, np.floor(tokens / mean_length + 0.5))))
 
 
 def _checked(positions: Any, weights: Any, n_members: int, keep: int, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -83,8 +89,11 @@ def select_from_labels(
     losses: Any = None,
     groups: Any = None,
     strata: Any = None,
+    lengths: Any = None,
+    budget_unit: str = "examples",
 ) -> Selection:
-    """Keep exactly `selection_budget(n, data_fraction)` examples, spread over clusters and weighted.
+    """Keep exactly `selection_budget(n, data_fraction)` examples (or about that share of the tokens), spread over
+    clusters and weighted.
 
     Args:
         labels (array-like of shape `[n_examples]`, int): cluster of every example, >= 0 (resolve noise first).
@@ -112,6 +121,14 @@ def select_from_labels(
         strata (array-like of shape `[n_examples]`, *optional*): a user's grouping (task, source, language): quotas
             and within-cluster rules then work on (stratum, cluster) cells, so every stratum gets its proportional
             share; `Selection.labels` stay the clusters.
+        lengths (array-like of shape `[n_examples]`, int >= 1, *optional*): tokens of every example; required for
+            `budget_unit="tokens"`.
+        budget_unit (`str`, *optional*, defaults to `"examples"`): `"tokens"`: the budget is
+            `selection_budget(Σ lengths, data_fraction)` tokens, split over clusters (and strata) by their tokens as
+            above; each cluster keeps `round(its tokens / its mean length)` members (at least 1), then, when the
+            rule's members are longer or shorter than the mean, the count that their mean length gives (the rule
+            runs again, at most 3 times in all; the closest to the cluster's tokens is kept). The kept tokens are within rounding of whole examples of the budget; the kept count
+            varies.
     Returns:
         `Selection`: kept `indices` `[m]` (int64, sorted ascending), `weights` `[m]` (float64,
         `|C_c| / kept_c`, summing to n; when the budget is below the number of clusters, the clusters left out
@@ -152,7 +169,16 @@ def select_from_labels(
             raise ValueError(f"`reduced` holds {int((~np.isfinite(points)).sum())} NaN/inf values.")
     norms, losses = (None if v is None else _per_example(name, v, n_total) for name, v in (("norms", norms),
                                                                                           ("losses", losses)))
-    budget = selection_budget(n_total, data_fraction)
+    if budget_unit not in BUDGET_UNITS:
+        raise ValueError(f"`budget_unit` must be one of {list(BUDGET_UNITS)}, got {budget_unit!r}.")
+    cost = np.ones(n_total, dtype=np.int64)  # what the budget counts, per example
+    if budget_unit == "tokens":
+        if lengths is None:
+            raise ValueError("`lengths` (tokens per example) is required for budget_unit='tokens'.")
+        cost = np.asarray(lengths).reshape(-1).astype(np.int64)
+        if cost.shape != (n_total,) or cost.min() < 1:
+            raise ValueError(f"`lengths` must be {n_total} ints >= 1, got shape {cost.shape}, min {cost.min()}.")
+    budget = selection_budget(int(cost.sum()), data_fraction)
     eligible = np.arange(n_total)
     if deferred is not None:
         deferred = np.asarray(deferred, dtype=bool).reshape(-1)
@@ -160,15 +186,18 @@ def select_from_labels(
             raise ValueError(f"`deferred` must have shape [{n_total}], got {tuple(deferred.shape)}.")
         if not deferred.all():
             eligible = np.flatnonzero(~deferred)
-    if budget >= eligible.size:  # keep every eligible example, fill the rest with deferred ones by index
-        fill = np.setdiff1d(np.arange(n_total), eligible)[: budget - eligible.size]
+    if budget >= cost[eligible].sum():  # keep every eligible example, fill the rest with deferred ones by index
+        rest = np.setdiff1d(np.arange(n_total), eligible)
+        fill = rest[np.cumsum(cost[rest]) <= budget - cost[eligible].sum()]
         indices = np.sort(np.concatenate([eligible, fill])).astype(np.int64)
-        weights = np.full(budget, n_total / budget, dtype=np.float64)
+        weights = np.full(indices.size, n_total / indices.size, dtype=np.float64)
         return Selection(indices=indices, weights=weights, labels=labels[indices], n_total=int(n_total))
     cells, stratum_of = (labels, None) if strata is None else _cells(labels, strata, n_total)
-    units, copies = _units(eligible, groups, budget, n_total)
-    clusters, unit_sizes = np.unique(cells[units], return_counts=True)
-    sizes = np.bincount(np.searchsorted(clusters, cells[units]), weights=copies).astype(np.int64)  # examples
+    units, copies = _units(eligible, groups, budget, n_total, cost)
+    clusters, position = np.unique(cells[units], return_inverse=True)
+    position = position.reshape(-1)
+    unit_sizes = np.bincount(position, weights=cost[units]).astype(np.int64)  # what quotas split: units or tokens
+    sizes = np.bincount(position, weights=copies).astype(np.int64)  # examples
     if stratum_of is None:
         quotas = cluster_quotas(unit_sizes, budget, quota)
     else:  # the budget over strata first (exact proportional shares), then each stratum's over its cells
@@ -186,11 +215,27 @@ def select_from_labels(
             continue
         in_cluster = cells[units] == cluster
         members, counts = units[in_cluster], copies[in_cluster]
-        rng = np.random.default_rng([int(seed) % 2**64, int(cluster) % 2**64])
-        positions, weights = rule(np.zeros((members.size, 0)) if points is None else points[members], int(keep), rng,
-                                  norms=None if norms is None else norms[members],
-                                  losses=None if losses is None else losses[members])
-        positions, weights = _checked(positions, weights, members.size, int(keep), within_cluster)
+
+        def pick(count: int) -> tuple[np.ndarray, np.ndarray]:
+            rng = np.random.default_rng([int(seed) % 2**64, int(cluster) % 2**64])
+            chosen, weights = rule(np.zeros((members.size, 0)) if points is None else points[members], count, rng,
+                                   norms=None if norms is None else norms[members],
+                                   losses=None if losses is None else losses[members])
+            return _checked(chosen, weights, members.size, count, within_cluster)
+
+        if budget_unit == "examples":
+            positions, weights = pick(int(keep))
+        else:  # `keep` tokens: the count at the cluster's mean length, then at the chosen members' (3 tries at most)
+            count, best = _count_for(keep, cost[members].mean(), members.size), None
+            for _ in range(3):
+                positions, weights = pick(count)
+                held = int(cost[members[positions]].sum())
+                if best is None or abs(held - keep) < best[0]:
+                    best = (abs(held - keep), positions, weights)
+                count, previous = _count_for(keep, held / count, members.size), count
+                if count == previous:
+                    break
+            positions, weights = best[1], best[2]
         weights = weights * counts[positions]  # a kept copy stands for its duplicates too
         kept_parts.append(members[positions])
         weight_parts.append(weights * (size / weights.sum()))
@@ -205,7 +250,7 @@ def select_from_labels(
 
 
 def select_subset(result: ClusteringResult, config: ClusterSelectConfig, *, norms: Any = None,
-                  losses: Any = None, strata: Any = None) -> Selection:
+                  losses: Any = None, strata: Any = None, lengths: Any = None) -> Selection:
     """Select from a clustering with the settings of `config` (`data_fraction`, `quota`, `within_cluster`, `seed`).
 
     Args:
@@ -214,6 +259,8 @@ def select_subset(result: ClusteringResult, config: ClusterSelectConfig, *, norm
         norms, losses (array-like of shape `[n_examples]`, *optional*): raw feature norms and warm-up losses
             (`FeatureOutput.norms` / `.losses`), for the rules that use them.
         strata (array-like of shape `[n_examples]`, *optional*): the values of `config.stratify_column`.
+        lengths (array-like of shape `[n_examples]`, int, *optional*): tokens per example; required when
+            `config.budget_unit="tokens"`.
     Examples without loss-bearing tokens (raw label `NO_LOSS_LABEL`) are `deferred`: kept only when the budget
     cannot be met without them.
 
@@ -234,4 +281,6 @@ def select_subset(result: ClusteringResult, config: ClusterSelectConfig, *, norm
         losses=losses,
         groups=result.groups,
         strata=strata,
+        lengths=lengths,
+        budget_unit=config.budget_unit,
     )
