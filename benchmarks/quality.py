@@ -241,9 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", nargs="+", default=DEFAULT_ARMS)
     parser.add_argument("--quick", action="store_true", help="tiny pools, 1 epoch, one fraction and seed")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/quality_<task>.json)")
-    parser.add_argument("--merge", default=None, metavar="JSON",
-                        help="keep the cells of an earlier run of the same task (each tagged with its commit) that "
-                        "this run does not redo, and summarise them all: adds fractions or arms to a result")
+    parser.add_argument("--merge", default=None, metavar="JSON", nargs="+",
+                        help="keep the cells of earlier runs of the same task (each tagged with its commit) that "
+                        "this run does not redo, and summarise them all: adds fractions or arms to a result (a "
+                        "later file's cell replaces an earlier file's of the same arm, fraction and seed)")
+    parser.add_argument("--merge-only", action="store_true",
+                        help="run nothing: write the --merge files' cells, summarised, to --out")
     bench_io.add_report_option(parser)
     args = parser.parse_args(argv)
     if bench_io.print_report(args.report, markdown):
@@ -255,11 +258,26 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"quality_{args.task}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     commit = os.popen("git -C " + os.path.dirname(os.path.abspath(__file__)) + " rev-parse --short HEAD").read().strip()
+    if args.merge_only and not args.merge:
+        parser.error("--merge-only needs --merge JSON [JSON ...]")
     try:
-        earlier = load_earlier(args.merge, args.task, args.quick)  # a wrong file fails before the task loads
+        earlier: dict = {}
+        for path in args.merge or []:  # a wrong file fails before the task loads
+            later = load_earlier(path, args.task, args.quick)
+            keys = {(c["arm"], c["fraction"], c["seed"]) for c in later["cells"]}
+            later["cells"] = [c for c in earlier.get("cells", []) if (c["arm"], c["fraction"], c["seed"]) not in keys
+                              ] + later["cells"]
+            later["arms"] = list(dict.fromkeys(earlier.get("arms", []) + later.get("arms", [])))
+            earlier = later
     except (OSError, ValueError) as error:
         parser.error(str(error))
-    task = quality_tasks.TASKS[args.task](args.quick)  # the commit is the code that runs, read before it runs
+    if args.merge_only:
+        args.arms, args.seeds = [], []
+        task = argparse.Namespace(main_metric=earlier["metric"], higher_is_better=earlier["higher_is_better"],
+                                  train=range(earlier["n_train"]), test=range(earlier["n_test"]),
+                                  recipe=earlier["recipe"])
+    else:
+        task = quality_tasks.TASKS[args.task](args.quick)  # the commit is the code that runs, read before it runs
     work = os.path.join("/tmp", f"quality_{args.task}_{os.getpid()}")
     cells = []
     for seed in args.seeds:

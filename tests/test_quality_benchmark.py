@@ -54,6 +54,16 @@ def test_quick_quality_benchmark(tmp_path):
     assert both["arms"] == ["full", "random", "default"]
     random_row = next(r for r in both["summary"] if r["arm"] == "random")
     assert random_row["n_seeds"] == 2
+    # --merge-only: several files, the later one's cells win, nothing runs
+    only = tmp_path / "only.json"
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--quick", "--merge", str(merged), str(out),
+         "--merge-only", "--out", str(only)], env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    combined = json.loads(only.read_text())
+    assert sorted((c["arm"], c["seed"]) for c in combined["cells"]) == sorted((c["arm"], c["seed"])
+                                                                             for c in both["cells"])
+    assert combined["n_train"] == 96 and combined["summary"] == both["summary"]
     wrong = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--quick", "--task", "ni", "--merge", str(out),
          "--out", str(tmp_path / "x.json")], env=env, capture_output=True, text=True, timeout=900, check=False)
