@@ -33,10 +33,6 @@ OPTIONAL_NUMBERS = {"selection_warmup_steps": int, "projection_dim": int, "featu
                     "pca_dim": int, "kmeans_n_clusters": int, "kmeans_size_cap": float, "cluster_sample_size": int}
 
 
-def _choices(values: tuple[str, ...]) -> list[str]:
-    return list(values)
-
-
 @dataclass
 class ClusterSelectConfig:
     """Settings of ClusterTrainer's warm-up → features → clustering → selection → allocation pipeline.
@@ -58,20 +54,20 @@ class ClusterSelectConfig:
     EMNLP 2026) for comparison. Strategy names are checked against `hf_cluster_select.registry`, so a strategy a user
     registered there is accepted.
 
-    Raises:
+    `data_fraction` counts examples, or input tokens with `budget_unit="tokens"` (see the README's configuration
+    table). Raises:
         ValueError: from `__post_init__`, naming the field and the value it got, for any out-of-range setting.
     """
 
-    data_fraction: float = field(
-        default=0.3, metadata={"help": "Share of the training data to keep after selection, in (0, 1]: of the "
-                               "examples, or of the tokens with budget_unit='tokens'."}
-    )
+    data_fraction: float = field(default=0.3, metadata={"help": "Share of the training data to keep after selection, "
+                                                        "in (0, 1]: of the examples, or of the tokens (budget_unit)."})
     budget_unit: str = field(
         default="examples",
         metadata={"help": "What data_fraction counts: 'examples' (exactly that share of examples), or 'tokens' (kept "
-                  "examples hold about that share of the input tokens, each cluster its share of them; as many "
-                  "optimizer steps as the same share of examples, each holding about its share of the tokens; "
-                  "needs balance_tokens and allocation='balanced').", "choices": _choices(BUDGET_UNITS)},
+                  "examples hold about that share of the input tokens, prompt included, each cluster its share of "
+                  "them; training takes as many optimizer steps as the same share of examples would, their batches "
+                  "packed by tokens; needs balance_tokens, allocation='balanced', quota='proportional').",
+                  "choices": list(BUDGET_UNITS)},
     )
     selection_warmup_steps: int | str | None = field(
         default=None,
@@ -88,7 +84,7 @@ class ClusterSelectConfig:
             "whole last-layer gradient (p - onehot(y)) ⊗ h (BADGE; class axis projected for large vocabularies); "
             "'last_layer_grad' = its target row (p_y - 1)·h (CluSTER); 'hidden_mean' = the mean head input over "
             "loss-bearing tokens (RDS+).",
-            "choices": _choices(FEATURES),
+            "choices": list(FEATURES),
         },
     )
     feature_context: str = field(
@@ -96,7 +92,7 @@ class ClusterSelectConfig:
         metadata={
             "help": "What causal-LM features see: 'full' = the whole example, pooled over loss-bearing tokens only "
             "(CluSTER); 'loss_tokens' = the loss-bearing tokens alone, so prompts do not affect the features.",
-            "choices": _choices(FEATURE_CONTEXTS),
+            "choices": list(FEATURE_CONTEXTS),
         },
     )
     projection_dim: int | str | None = field(
@@ -123,7 +119,7 @@ class ClusterSelectConfig:
         metadata={
             "help": "Clustering: 'fine_kmeans' = KMeans with K = budget / kept_per_cluster fine strata; 'hdbscan' = "
             "HDBSCAN's natural clusters (noise assigned); 'kmeans' = K = kmeans_n_clusters (CluSTER's mode).",
-            "choices": _choices(CLUSTER_METHODS),
+            "choices": list(CLUSTER_METHODS),
         },
     )
     kept_per_cluster: int = field(
@@ -146,7 +142,7 @@ class ClusterSelectConfig:
         metadata={
             "help": "What happens to HDBSCAN noise points (label -1): 'assign' = most probable cluster by "
             "membership vectors; 'own_cluster' = noise forms one extra group.",
-            "choices": _choices(NOISE_POLICIES),
+            "choices": list(NOISE_POLICIES),
         },
     )
     kmeans_n_clusters: int | str | None = field(
@@ -173,14 +169,14 @@ class ClusterSelectConfig:
             "nearest to the centroid (CluSTER keeps peripheral); 'random'; 'kcenter'; 'kmeanspp'; "
             "'distance_stratified'; 'regime_aware'; 'drop_hard_random' / 'loss_stratified' (by warm-up loss); "
             "'importance_norm' / 'importance_loss' (inverse-probability weights).",
-            "choices": _choices(WITHIN_CLUSTER),
+            "choices": list(WITHIN_CLUSTER),
         },
     )
     quota: str = field(
         default="proportional",
         metadata={
             "help": "How the budget is split across clusters: in proportion to size, or the same count each.",
-            "choices": _choices(QUOTAS),
+            "choices": list(QUOTAS),
         },
     )
     balance_tokens: bool = field(
@@ -192,7 +188,7 @@ class ClusterSelectConfig:
         metadata={
             "help": "'balanced' = every micro-step mixes clusters in proportion and balances tokens; 'paper' = "
             "CluSTER's one cluster per rank, loss × K·|C_k|/N per rank, selection before training (selection_warmup_steps 0).",
-            "choices": _choices(ALLOCATIONS),
+            "choices": list(ALLOCATIONS),
         },
     )
     balance_window: int = field(
@@ -264,10 +260,12 @@ class ClusterSelectConfig:
                 raise TypeError(f"`{name}` must be a bool, got {getattr(self, name)!r}.")
         if isinstance(self.selection_seed, bool) or not isinstance(self.selection_seed, int):
             raise TypeError(f"`selection_seed` must be an int, got {self.selection_seed!r}.")
-        if self.budget_unit == "tokens" and (not self.balance_tokens or self.allocation != "balanced"):
-            raise ValueError("`budget_unit`='tokens' needs `balance_tokens`=True and `allocation`='balanced' (steps of a "
-                             f"fixed example count cannot hold a share of tokens), got balance_tokens="
-                             f"{self.balance_tokens}, allocation={self.allocation!r}.")
+        if self.budget_unit == "tokens" and (not self.balance_tokens or self.allocation != "balanced" or self.quota != "proportional"):
+            raise ValueError("`budget_unit`='tokens' needs `balance_tokens`=True, `allocation`='balanced' (steps of a fixed "
+                             "example count cannot hold a share of tokens; `paper()` sets neither) and `quota`="
+                             "'proportional' ('uniform' gives clusters of short examples most of their members, more than "
+                             f"the steps hold), got balance_tokens={self.balance_tokens}, allocation={self.allocation!r}, "
+                             f"quota={self.quota!r}.")
 
     def _parse_text_values(self) -> None:
         """Command-line text of the optional fields ("None", "16", "1.5") to their values; ValueError naming the

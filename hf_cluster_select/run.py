@@ -42,7 +42,8 @@ def _warn_if_subset_unseen(plan: StepPlan, config: ClusterSelectConfig) -> None:
         seen = min(plan.n_kept, plan.selected_steps * plan.global_batch_size)
         warnings.warn(
             f"max_steps leaves {plan.selected_steps} optimizer steps after the warm-up, fewer than one pass over the "
-            f"{plan.n_kept} kept examples ({plan.selected_steps_per_epoch} steps): about {seen} of them will be "
+            f"{plan.n_kept} {'planned' if config.budget_unit == 'tokens' else 'kept'} examples "
+            f"({plan.selected_steps_per_epoch} steps): about {seen} of them will be "
             f"trained on, yet features are computed for all {plan.n_examples}. Lower data_fraction (to about "
             f"{max(seen, 1) / plan.n_examples:.3g}) or raise max_steps.", UserWarning, stacklevel=3)
 
@@ -234,8 +235,9 @@ class SelectionRun:
         if by_tokens and selection.n_kept > capacity:
             raise ValueError(
                 f"budget_unit='tokens' kept {selection.n_kept} examples, more than the {capacity} that the planned "
-                f"{plan.selected_steps_per_epoch} steps per epoch can hold (kept examples much shorter than average): "
-                "use budget_unit='examples'.")
+                f"{plan.selected_steps_per_epoch} steps per epoch can hold at 4 × per_device_train_batch_size per batch "
+                "(the kept examples are much shorter than average): use budget_unit='examples', or raise "
+                "per_device_train_batch_size or data_fraction.")
         self.selection, self.report = selection, report if report is not None else self.report
         self.labels, self.raw_labels = np.asarray(labels, dtype=np.int64), np.asarray(raw_labels, dtype=np.int64)
         batches = plan.selected_batches_per_epoch if by_tokens else self.allocation.batches_per_rank(

@@ -77,10 +77,26 @@ def test_token_budget_bad_input():
         select_from_labels(labels, points, data_fraction=0.3, budget_unit="bytes")
     with pytest.raises(ValueError, match="`budget_unit` must be one of"):
         ClusterSelectConfig(budget_unit="words")
-    with pytest.raises(ValueError, match="needs `balance_tokens`=True and `allocation`='balanced'.*balance_tokens=False"):
+    with pytest.raises(ValueError, match="needs `balance_tokens`=True, `allocation`='balanced'.*got balance_tokens=False"):
         ClusterSelectConfig(budget_unit="tokens", balance_tokens=False)
     with pytest.raises(ValueError, match="allocation='paper'"):
         ClusterSelectConfig.paper(budget_unit="tokens", balance_tokens=True)
+    with pytest.raises(ValueError, match="quota='uniform'"):
+        ClusterSelectConfig(budget_unit="tokens", quota="uniform")
+
+
+def test_token_budget_lands_within_one_member_for_a_nested_rule():
+    # one cluster: 15 central members of 2 tokens, 5 outlying ones of 100; budget 0.3 · 530 = 159 tokens. Central
+    # keeps 15 (30 tokens), 16 (130) or 17 (230): 16 is the closest, within one member
+    points = np.r_[np.zeros((15, 1)), np.full((5, 1), 10.0)] + np.arange(20)[:, None] * 1e-3
+    lengths = np.r_[np.full(15, 2), np.full(5, 100)]
+    chosen = select_from_labels(np.zeros(20, int), points, data_fraction=0.3, within_cluster="central",
+                                lengths=lengths, budget_unit="tokens")
+    assert chosen.n_kept == 16 and lengths[chosen.indices].sum() == 130
+    for rule in ("facility_location", "peripheral", "kcenter"):
+        chosen = select_from_labels(np.zeros(20, int), points, data_fraction=0.3, within_cluster=rule,
+                                    lengths=lengths, budget_unit="tokens")
+        assert abs(lengths[chosen.indices].sum() - 159) <= 100, rule
 
 
 @pytest.mark.parametrize("m", [9, 40, 64, 150, 250])

@@ -56,9 +56,29 @@ def _units(eligible: np.ndarray, groups: Any, budget: int, n_total: int,
     return eligible[first[order]], counts[order].astype(np.int64)
 
 
-def _count_for(tokens: int, mean_length: float, available: int) -> int:
-    """Members that hold about `tokens` tokens at `mean_length` each: rounded, in `[1, available]`."""
-    return int(min(available, max(1, np.floor(tokens / mean_length + 0.5))))
+def _closest_count(pick, tokens_of, target: int, available: int) -> tuple[np.ndarray, np.ndarray]:
+    """`pick(count)` for the count in `[1, available]` whose chosen members hold the tokens closest to `target`:
+    bisection for the smallest count reaching `target` (exact when the rule's choice grows with the count, as
+    greedy medoids, k-center and distance ranks do), then that count or the one below, whichever is closer;
+    about `log2(available) + 1` calls of `pick`."""
+    picks: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}
+
+    def held(count: int) -> int:
+        if count not in picks:
+            chosen, weights = pick(count)
+            picks[count] = (chosen, weights, tokens_of(chosen))
+        return picks[count][2]
+
+    low, high = 1, available
+    while low < high:
+        middle = (low + high) // 2
+        if held(middle) < target:
+            low = middle + 1
+        else:
+            high = middle
+    candidates = [c for c in (low - 1, low) if c >= 1]
+    best = min(candidates, key=lambda c: (abs(held(c) - target), c))
+    return picks[best][0], picks[best][1]
 
 
 def _checked(positions: Any, weights: Any, n_members: int, keep: int, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -125,10 +145,10 @@ def select_from_labels(
             `budget_unit="tokens"`.
         budget_unit (`str`, *optional*, defaults to `"examples"`): `"tokens"`: the budget is
             `selection_budget(Σ lengths, data_fraction)` tokens, split over clusters (and strata) by their tokens as
-            above; each cluster keeps `round(its tokens / its mean length)` members (at least 1), then, when the
-            rule's members are longer or shorter than the mean, the count that their mean length gives (the rule
-            runs again, at most 3 times in all; the closest to the cluster's tokens is kept). The kept tokens are within rounding of whole examples of the budget; the kept count
-            varies.
+            above; each cluster keeps the number of members (at least 1) whose tokens, as its rule chooses them, come
+            closest to its share (bisection over the count, see `_closest_count`): within one member of it for a
+            rule whose choice grows with the count (facility location, k-center, central, peripheral); about so for
+            rules that draw afresh for every count (random, importance sampling). The kept count varies.
     Returns:
         `Selection`: kept `indices` `[m]` (int64, sorted ascending), `weights` `[m]` (float64,
         `|C_c| / kept_c`, summing to n; when the budget is below the number of clusters, the clusters left out
@@ -225,17 +245,9 @@ def select_from_labels(
 
         if budget_unit == "examples":
             positions, weights = pick(int(keep))
-        else:  # `keep` tokens: the count at the cluster's mean length, then at the chosen members' (3 tries at most)
-            count, best = _count_for(keep, cost[members].mean(), members.size), None
-            for _ in range(3):
-                positions, weights = pick(count)
-                held = int(cost[members[positions]].sum())
-                if best is None or abs(held - keep) < best[0]:
-                    best = (abs(held - keep), positions, weights)
-                count, previous = _count_for(keep, held / count, members.size), count
-                if count == previous:
-                    break
-            positions, weights = best[1], best[2]
+        else:  # `keep` tokens: the count whose members hold the tokens closest to it, by bisection over the count
+            positions, weights = _closest_count(pick, lambda chosen: int(cost[members[chosen]].sum()), int(keep),
+                                                members.size)
         weights = weights * counts[positions]  # a kept copy stands for its duplicates too
         kept_parts.append(members[positions])
         weight_parts.append(weights * (size / weights.sum()))
