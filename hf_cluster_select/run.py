@@ -22,8 +22,8 @@ import torch
 
 from ._types import Selection
 from .batching.allocations import get_allocation
-from .batching.token_budget import MAX_EXAMPLES_FACTOR
 from .batching.padding import plan_padded_tokens, random_batch_padded_tokens
+from .batching.plan import micro_steps_capacity
 from .batching.sampler import ClusterBatchSampler
 from .clock import PhaseClock
 from .config import ClusterSelectConfig
@@ -231,7 +231,7 @@ class SelectionRun:
                 f"the selection kept {selection.n_kept} of {selection.n_total} examples, but this run keeps "
                 f"{plan.n_kept} of {plan.n_examples} (data_fraction={self.config.data_fraction})."
             )
-        capacity = plan.selected_batches_per_epoch * plan.world_size * MAX_EXAMPLES_FACTOR * plan.per_device_batch_size
+        capacity = micro_steps_capacity(plan.selected_batches_per_epoch, plan.world_size, plan.per_device_batch_size)
         if by_tokens and selection.n_kept > capacity:
             raise ValueError(
                 f"budget_unit='tokens' kept {selection.n_kept} examples, more than the {capacity} that the planned "

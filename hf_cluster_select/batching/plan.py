@@ -48,6 +48,13 @@ def batches_per_rank(n_examples: int, world_size: int, per_device_batch_size: in
     return -(-n // (w * b))
 
 
+def micro_steps_capacity(micro_steps: int, world_size: int, per_device_batch_size: int,
+                         balance_tokens: bool = True) -> int:
+    """Most examples `micro_steps` micro-steps of `plan_epoch` hold: `G·W·B`, or `G·W·MAX_EXAMPLES_FACTOR·B` with
+    token-balanced batches (a step count fixed in advance, `budget_unit="tokens"`)."""
+    return micro_steps * world_size * per_device_batch_size * (MAX_EXAMPLES_FACTOR if balance_tokens else 1)
+
+
 def mixed_order(labels: Any, rng: np.random.Generator) -> np.ndarray:
     """Stratified order of positions in which every cluster appears in proportion to its size.
 
@@ -172,7 +179,7 @@ def plan_epoch(
     check_int("epoch", epoch, 0)
     m = labels.shape[0]
     groups = batches_per_rank(m, w, b) if micro_steps is None else check_int("micro_steps", micro_steps, 1)
-    if m > groups * w * (MAX_EXAMPLES_FACTOR * b if balance_tokens else b):
+    if m > micro_steps_capacity(groups, w, b, balance_tokens):
         raise ValueError(f"`micro_steps`={groups} cannot hold {m} examples at world_size={w}, per_device_batch_size={b}"
                          f" ({'at most ' + str(MAX_EXAMPLES_FACTOR) + '·B per batch' if balance_tokens else 'needs balance_tokens'}).")
     rng = epoch_rng(check_int("seed", seed, -(1 << 63)), epoch, 0)

@@ -83,7 +83,9 @@ class ClusterBatchSampler(Sampler[list[int]]):
         if strategy.exact_clusters and len(np.unique(labels)) != self.world_size:
             raise ValueError(f"`labels` must hold exactly `world_size`={self.world_size} distinct clusters for "
                              f"`allocation`={allocation!r}, got {len(np.unique(labels))}.")
-        if batches_per_rank is not None and _int("batches_per_rank", batches_per_rank, 1) and strategy.exact_clusters:
+        if batches_per_rank is not None:
+            _int("batches_per_rank", batches_per_rank, 1)
+        if batches_per_rank is not None and strategy.exact_clusters:
             raise ValueError(f"`batches_per_rank` is only for a step count fixed in advance with the 'balanced' "
                              f"allocation, got allocation={allocation!r}.")
         self.fixed_batches_per_rank = None if batches_per_rank is None else int(batches_per_rank)
