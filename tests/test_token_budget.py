@@ -169,5 +169,7 @@ def test_cluster_trainer_trains_the_planned_steps_on_a_token_share(tmp_path, tin
     assert report.input_tokens_total == lengths.sum() and report.input_tokens_kept == lengths[kept].sum()
     assert abs(lengths[kept].sum() - 0.3 * lengths.sum()) <= lengths.max() * report.n_clusters / 2
     card = selection_card_section(report)
-    assert "Input tokens kept (the budget)" in card and f"{report.input_tokens_kept:,} / " in card
+    share = lengths[kept].sum() / lengths.sum()
+    assert (f"| Input tokens kept (the budget) | {lengths[kept].sum():,} / {lengths.sum():,} ({100 * share:.1f}%) |"
+            in card)
     assert torch.isfinite(torch.tensor(result.training_loss))
