@@ -50,7 +50,9 @@ def two(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("torchrun2"))
     scenarios = ("main", "resume", "select0", "paper", "paper_resume")
     torchrun([WORKER, folder, ",".join(scenarios)], nproc=2, timeout=240)
-    return {s: _load(folder, s, 2) for s in scenarios}
+    runs = {s: _load(folder, s, 2) for s in scenarios}
+    runs["folder"] = folder
+    return runs
 
 
 @pytest.fixture(scope="module")
@@ -114,14 +116,54 @@ def test_a_second_run_loads_the_features_on_every_rank(three):
     assert all(r["selection"] == first[0]["selection"] for r in again)
 
 
-def test_selection_matches_one_process_run(two, tmp_path):
+def _cached_features(cache: str) -> dict[str, np.ndarray]:
+    """The arrays of the one entry in the feature-cache folder `cache` (`losses` is not stored for a truncated
+    feature pass)."""
+    (entry,) = [e for e in os.listdir(cache) if not e.startswith(".")]
+    folder = os.path.join(cache, entry)
+    return {name: np.load(os.path.join(folder, name + ".npy"))
+            for name in ("features", "loss_tokens", "norms", "losses")
+            if os.path.isfile(os.path.join(folder, name + ".npy"))}
+
+
+def test_selection_matches_one_process_run(two, tmp_path, monkeypatch):
+    """One process computes the features the 2-process run gathered (to float32 rounding: each rank batches its
+    own shard by length, so padding widths, and with them the last bits, differ), and given those gathered features
+    it makes that run's selection bit for bit: rank 0's clustering + broadcast is the one-process selection."""
     import worker
 
-    single = worker.build_trainer("select0", str(tmp_path), cls=worker.ClusterTrainer)
+    from hf_cluster_select.features import FEATURES, FeatureOutput, resolve_feature
+
+    distributed_selection = two["select0"][0]["selection"]
+    gathered = _cached_features(os.path.join(two["folder"], "feature-cache", "select0"))
+    assert gathered["features"].shape[0] == 90 and (gathered["loss_tokens"] > 0).all()
+
+    monkeypatch.setenv("HF_CLUSTER_SELECT_CACHE", str(tmp_path / "own-cache"))
+    own = worker.build_trainer("select0", str(tmp_path / "own"), cls=worker.ClusterTrainer)
+    own.plan()
+    own.run_selection()
+    assert own.args.world_size == 1
+    computed = _cached_features(str(tmp_path / "own-cache"))
+    np.testing.assert_allclose(computed["features"], gathered["features"], rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(computed["loss_tokens"], gathered["loss_tokens"])
+    np.testing.assert_allclose(computed["norms"], gathered["norms"], rtol=1e-5)
+    assert computed.keys() == gathered.keys()
+    # its own selection may differ where the greedy medoid choice has a near-tie, by a member or two at most
+    assert len(set(own.selection.indices.tolist()) & set(distributed_selection["indices"])) >= 34  # of 36
+
+    def the_gathered_features(model, dataset, indices, *args, **kwargs):
+        assert list(indices) == list(range(90))  # one process: every example
+        return FeatureOutput(features=torch.from_numpy(gathered["features"].copy()),
+                             loss_tokens=torch.from_numpy(gathered["loss_tokens"].copy()), seconds=0.0,
+                             norms=torch.from_numpy(gathered["norms"].copy()),
+                             losses=torch.from_numpy(gathered["losses"]) if "losses" in gathered else None)
+
+    name, _ = resolve_feature(own.model, own.cluster_config.feature, own.cluster_config.feature_layers)
+    monkeypatch.setitem(FEATURES._entries, name, the_gathered_features)
+    monkeypatch.setenv("HF_CLUSTER_SELECT_CACHE", str(tmp_path / "replay-cache"))
+    single = worker.build_trainer("select0", str(tmp_path / "replay"), cls=worker.ClusterTrainer)
     single.plan()
     single.run_selection()
-    assert single.args.world_size == 1
-    distributed_selection = two["select0"][0]["selection"]
     assert single.selection.indices.tolist() == distributed_selection["indices"]
     assert single.selection.weights.tolist() == distributed_selection["weights"]
     assert single.selection.labels.tolist() == distributed_selection["labels"]
