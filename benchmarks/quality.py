@@ -42,7 +42,7 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_io  # noqa: E402
 import quality_tasks  # noqa: E402
-from transformers import Trainer, TrainingArguments  # noqa: E402
+from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from hf_cluster_select import ClusterSelectConfig, ClusterTrainer  # noqa: E402
 from hf_cluster_select.selection import selection_budget  # noqa: E402
@@ -80,8 +80,23 @@ def group_balance(groups: np.ndarray, n_groups: int, indices: np.ndarray, weight
             "min_share_ratio": float((counts[present] / full[present]).min())}
 
 
-def run_arm(task, arm: str, fraction: float, seed: int, out_dir: str) -> dict:
-    """Train one arm and evaluate it; returns the cell."""
+class EpochCurve(TrainerCallback):
+    """The held-out main metric at the end of every epoch (the convergence check of `--curve` arms); the seconds
+    spent evaluating are kept apart so that the arm's training time excludes them."""
+
+    def __init__(self, task) -> None:
+        self.task, self.values, self.seconds = task, [], 0.0
+
+    def on_epoch_end(self, args, state, control, model=None, **kwargs):
+        start = time.perf_counter()
+        self.values.append(float(self.task.evaluate(model)[self.task.main_metric]))
+        model.train()
+        self.seconds += time.perf_counter() - start
+
+
+def run_arm(task, arm: str, fraction: float, seed: int, out_dir: str, curve: bool = False) -> dict:
+    """Train one arm and evaluate it; returns the cell. `curve`: also evaluate after every epoch (`curve` in the
+    cell: the main metric per epoch; `seconds` excludes that evaluation)."""
     args = TrainingArguments(output_dir=out_dir, seed=seed, use_cpu=True, report_to=[], save_strategy="no",
                              logging_steps=10**6, disable_tqdm=True, dataloader_num_workers=0, **task.recipe)
     model = task.make_model(seed)
@@ -98,9 +113,12 @@ def run_arm(task, arm: str, fraction: float, seed: int, out_dir: str) -> dict:
     else:
         trainer = ClusterTrainer(model=model, args=args, train_dataset=task.train, data_collator=task.collator,
                                  cluster_config=config)
+    epoch_curve = EpochCurve(task) if curve else None
+    if epoch_curve is not None:
+        trainer.add_callback(epoch_curve)
     start = time.perf_counter()
     trainer.train()
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start - (epoch_curve.seconds if epoch_curve is not None else 0.0)
     if config is not None:
         indices = trainer.selection.indices
         weights = trainer.selection_run.dense_loss_weights[torch.as_tensor(indices)].numpy().astype(np.float64)
@@ -111,7 +129,25 @@ def run_arm(task, arm: str, fraction: float, seed: int, out_dir: str) -> dict:
     if config is not None:
         report = trainer.selection_report
         cell.update(n_clusters=report.n_clusters, selection_seconds=report.selection_seconds)
+    if epoch_curve is not None:
+        cell["curve"] = epoch_curve.values
     return cell
+
+
+def convergence(cells: list[dict], higher_is_better: bool) -> list[dict]:
+    """Per arm and fraction with `curve` cells: the mean main metric after each epoch and the last epoch's change
+    (positive = it still improved), mean over seeds; the issue's test of a converged recipe is that full data's
+    last-epoch change is about zero or negative."""
+    sign = 1.0 if higher_is_better else -1.0
+    rows = []
+    for arm, fraction in sorted({(c["arm"], c["fraction"]) for c in cells if c.get("curve")}):
+        curves = [c["curve"] for c in cells if (c["arm"], c["fraction"]) == (arm, fraction) and c.get("curve")]
+        length = min(len(v) for v in curves)
+        mean = np.mean([v[:length] for v in curves], axis=0)
+        last = [sign * (v[length - 1] - v[length - 2]) for v in curves] if length > 1 else [float("nan")]
+        rows.append(dict(arm=arm, fraction=fraction, n_seeds=len(curves), per_epoch=[float(x) for x in mean],
+                         last_epoch_gain=float(np.mean(last)), last_epoch_gains=[float(x) for x in last]))
+    return rows
 
 
 def summarise(cells: list[dict], main: str, higher_is_better: bool) -> list[dict]:
@@ -155,6 +191,11 @@ def markdown(result: dict) -> str:
         if metric != result["metric"] and cells and all(metric in c for c in cells):
             rows = summarise(cells, metric, True)
             lines += ["", _table(rows, metric, True, result, False)]
+    for row in convergence(cells, result.get("higher_is_better", True)):
+        scale = 100 if result.get("higher_is_better", True) else 1
+        epochs = ", ".join(f"{scale * v:.{1 if scale == 100 else 3}f}" for v in row["per_epoch"])
+        lines += ["", f"{row['arm']} (f = {row['fraction']:g}) {result['metric']} after each epoch, mean of "
+                  f"{row['n_seeds']} seeds: {epochs}; last epoch's gain {scale * row['last_epoch_gain']:+.3g}"]
     commits = result.get("commits") or [result.get("commit")]
     lines += ["", f"Measured at commit{'s' if len(commits) > 1 else ''} {', '.join(f'`{c}`' for c in commits)}."]
     return "\n".join(lines)
@@ -240,6 +281,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--arms", nargs="+", default=DEFAULT_ARMS)
     parser.add_argument("--quick", action="store_true", help="tiny pools, 1 epoch, one fraction and seed")
+    parser.add_argument("--epochs", type=float, default=None, help="override the task's num_train_epochs")
+    parser.add_argument("--learning-rate", type=float, default=None, help="override the task's learning rate")
+    parser.add_argument("--pool", type=int, default=None, help="training examples (20ng only; default 1000)")
+    parser.add_argument("--curve", nargs="*", default=["full"], metavar="ARM",
+                        help="arms evaluated after every epoch, the convergence check (default: full)")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/quality_<task>.json)")
     parser.add_argument("--merge", default=None, metavar="JSON", nargs="+",
                         help="keep the cells of earlier runs of the same task (each tagged with its commit) that "
@@ -260,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     commit = os.popen("git -C " + os.path.dirname(os.path.abspath(__file__)) + " rev-parse --short HEAD").read().strip()
     if args.merge_only and not args.merge:
         parser.error("--merge-only needs --merge JSON [JSON ...]")
+    if args.pool is not None and (args.task != "20ng" or args.pool < 20):
+        parser.error("--pool is a 20ng option and needs at least 20 documents")
     try:
         earlier: dict = {}
         for path in args.merge or []:  # a wrong file fails before the task loads
@@ -277,7 +325,12 @@ def main(argv: list[str] | None = None) -> int:
                                   train=range(earlier["n_train"]), test=range(earlier["n_test"]),
                                   recipe=earlier["recipe"])
     else:
-        task = quality_tasks.TASKS[args.task](args.quick)  # the commit is the code that runs, read before it runs
+        loader = quality_tasks.TASKS[args.task]
+        task = loader(args.quick, pool=args.pool) if args.pool else loader(args.quick)  # the code that runs
+        if args.epochs is not None:
+            task.recipe["num_train_epochs"] = args.epochs
+        if args.learning_rate is not None:
+            task.recipe["learning_rate"] = args.learning_rate
     work = os.path.join("/tmp", f"quality_{args.task}_{os.getpid()}")
     cells = []
     for seed in args.seeds:
@@ -285,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
             for arm in args.arms:
                 if arm == "full" and fraction != args.fractions[0]:
                     continue  # one full-data run per seed
-                cell = run_arm(task, arm, 1.0 if arm == "full" else fraction, seed, os.path.join(work, arm))
+                cell = run_arm(task, arm, 1.0 if arm == "full" else fraction, seed, os.path.join(work, arm),
+                               curve=arm in args.curve)
                 cell["commit"] = commit
                 cells.append(cell)
                 print(json.dumps({k: v for k, v in cell.items() if not k.startswith("loss_skill_")}), flush=True)
@@ -298,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {"task": args.task, "commit": commit, "commits": sorted({c["commit"] for c in cells}),
               "quick": args.quick, "metric": task.main_metric,
               "higher_is_better": task.higher_is_better, "n_train": len(task.train), "n_test": len(task.test),
-              "recipe": task.recipe, "arms": arms, "summary": rows, "cells": cells}
+              "recipe": task.recipe, "arms": arms, "summary": rows,
+              "convergence": convergence(cells, task.higher_is_better), "cells": cells}
     with open(out, "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=1)
     plot(rows, os.path.splitext(out)[0] + ".png")

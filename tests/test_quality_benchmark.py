@@ -22,7 +22,7 @@ def test_quick_quality_benchmark(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     completed = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--quick", "--arms", "full", "random", "default",
-         "--out", str(out)], env=env, capture_output=True, text=True, timeout=900, check=False)
+         "--epochs", "2", "--curve", "full", "default", "--out", str(out)], env=env, capture_output=True, text=True, timeout=900, check=False)
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["task"] == "20ng" and result["metric"] == "accuracy" and result["n_train"] == 96
@@ -34,6 +34,16 @@ def test_quick_quality_benchmark(tmp_path):
             assert math.isfinite(cell[key]), (cell["arm"], key)
     rows = {r["arm"]: r for r in result["summary"]}
     assert rows["random"]["paired_gain_vs_random"] == 0.0
+    # --epochs / --curve: the recipe says 2 epochs; full data was evaluated after each (the last is its final
+    # accuracy), the ClusterTrainer arm after its warm-up epoch too; the convergence rows are those curves
+    assert result["recipe"]["num_train_epochs"] == 2
+    assert "curve" not in cells["random"]
+    assert len(cells["full"]["curve"]) == 2 and cells["full"]["curve"][-1] == cells["full"]["accuracy"]
+    assert len(cells["default"]["curve"]) == 3 and cells["default"]["curve"][-1] == cells["default"]["accuracy"]
+    converged = {r["arm"]: r for r in result["convergence"]}
+    assert set(converged) == {"full", "default"}
+    assert converged["full"]["per_epoch"] == cells["full"]["curve"]
+    assert converged["full"]["last_epoch_gain"] == pytest.approx(cells["full"]["curve"][1] - cells["full"]["curve"][0])
     assert rows["default"]["paired_gain_vs_random"] == pytest.approx(cells["default"]["accuracy"]
                                                                      - cells["random"]["accuracy"])
     assert (tmp_path / "quality.png").stat().st_size > 0
