@@ -5,6 +5,11 @@
     python benchmarks/quality.py --quick --out /tmp/q.json        # a 1-2 minute smoke run (used by the tests)
     python benchmarks/quality.py --task mathqa --fractions 0.1 0.5 --arms random default \
         --merge benchmarks/results/quality_mathqa.json               # adds fractions to an earlier result
+    python benchmarks/quality.py --pool 600 --epochs 10 --learning-rate 2e-4 --fractions 0.3 \
+        --out benchmarks/results/quality_20ng_converged.json         # 20ng to convergence (full data's curve)
+
+`--curve ARM ...` evaluates those arms after every epoch (by default `full`): the convergence check, in the JSON's
+`convergence` rows and under the table (a ClusterTrainer arm's curve starts with its warm-up epoch).
 
 Arms, each from the same model initialisation (per seed), the same recipe and the same epochs over its own data:
 - `full`: stock `Trainer` on every example (once per seed);
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -284,8 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=float, default=None, help="override the task's num_train_epochs")
     parser.add_argument("--learning-rate", type=float, default=None, help="override the task's learning rate")
     parser.add_argument("--pool", type=int, default=None, help="training examples (20ng only; default 1000)")
-    parser.add_argument("--curve", nargs="*", default=["full"], metavar="ARM",
-                        help="arms evaluated after every epoch, the convergence check (default: full)")
+    parser.add_argument("--curve", nargs="*", default=None, metavar="ARM",
+                        help="arms evaluated after every epoch, the convergence check (default: full, when it "
+                        "runs; none with an empty list)")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/quality_<task>.json)")
     parser.add_argument("--merge", default=None, metavar="JSON", nargs="+",
                         help="keep the cells of earlier runs of the same task (each tagged with its commit) that "
@@ -308,6 +315,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--merge-only needs --merge JSON [JSON ...]")
     if args.pool is not None and (args.task != "20ng" or args.pool < 20):
         parser.error("--pool is a 20ng option and needs at least 20 documents")
+    for name in ("epochs", "learning_rate"):
+        value = getattr(args, name)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            parser.error(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+    unknown = sorted(set(args.curve or []) - set(args.arms))
+    args.curve = [a for a in args.arms if a == "full"] if args.curve is None else args.curve
+    if unknown and not args.merge_only:
+        parser.error(f"--curve names arms this run does not train: {unknown} (arms: {args.arms})")
     try:
         earlier: dict = {}
         for path in args.merge or []:  # a wrong file fails before the task loads

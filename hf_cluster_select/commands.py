@@ -142,7 +142,7 @@ def format_report(folder: str, examples: int = 3) -> str:
     lines = [f"kept {report['n_kept']} of {report['n_examples']} examples ({report['fraction_kept']:.1%}) in "
              f"{report['n_clusters']} clusters ({report['clustering_method']}; {report['n_noise']} noise points); "
              f"features {report.get('features_seconds') or 0:.1f} s, "
-             f"clustering {report.get('clustering_seconds') or 0:.1f} s", "",
+             f"clustering {report.get('clustering_seconds') or 0:.1f} s", *_token_lines(report), "",
              "| cluster | size | kept | weight | mean tokens | mean loss (nats) | examples |",
              "|---|---|---|---|---|---|---|"]
     for row in clusters:
@@ -150,6 +150,21 @@ def format_report(folder: str, examples: int = 3) -> str:
         lines.append(f"| {row['cluster']} | {row['size']} | {row['kept']} | {row['weight']:.3g} | "
                      f"{row['mean_tokens']:.1f} | {'—' if row['mean_loss'] is None else format(row['mean_loss'], '.3f')} | {texts} |")
     return "\n".join(lines)
+
+
+def _token_lines(report: dict) -> list[str]:
+    """The token shares of a selection report: loss-bearing (or input) tokens kept, and under
+    `budget_unit="tokens"` the input tokens kept, which is what the budget counts."""
+    kind = "loss-bearing" if report.get("token_kind", "loss") == "loss" else "input"
+    lines = []
+    if report.get("tokens_total"):
+        lines.append(f"kept {report['tokens_kept']} of {report['tokens_total']} {kind} tokens "
+                     f"({report['tokens_kept'] / report['tokens_total']:.1%})")
+    if (report.get("config") or {}).get("budget_unit") == "tokens" and report.get("input_tokens_total"):
+        lines.append(f"kept {report['input_tokens_kept']} of {report['input_tokens_total']} input tokens "
+                     f"({report['input_tokens_kept'] / report['input_tokens_total']:.1%}): what "
+                     f"budget_unit='tokens' counts")
+    return lines
 
 
 if __name__ == "__main__":

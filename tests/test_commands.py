@@ -57,6 +57,10 @@ def test_select_writes_dataset_report_and_a_reusable_selection(tmp_path, model_f
         assert os.path.isfile(os.path.join(out, name)), name
     text = format_report(out)
     assert text.startswith("kept 10 of 40 examples (25.0%)") and text.count("\n| ") == len(clusters) + 1
+    assert report["token_kind"] == "loss" and 0 < report["tokens_kept"] < report["tokens_total"]
+    assert (f"\nkept {report['tokens_kept']} of {report['tokens_total']} loss-bearing tokens "
+            f"({report['tokens_kept'] / report['tokens_total']:.1%})\n") in text
+    assert "input tokens" not in text  # an example budget: no token-budget line
     # the same command again: the features come from the cache, the selection is identical
     again = str(tmp_path / "again")
     assert main(["select", "--model", model_folder, "--dataset", data_file, "--prompt-column", "q",
@@ -120,3 +124,16 @@ def test_help_from_the_module():
     out = subprocess.run([sys.executable, "-m", "hf_cluster_select.cli", "select", "--help"], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0 and "--data-fraction" in out.stdout and "--kept-per-cluster" in out.stdout
+
+
+def test_report_states_the_token_budget_under_budget_unit_tokens(tmp_path):
+    from hf_cluster_select.reporting.outputs import REPORT_FILENAME
+
+    report = dict(n_kept=30, n_examples=100, fraction_kept=0.3, n_clusters=4, clustering_method="fine_kmeans",
+                  n_noise=0, features_seconds=1.0, clustering_seconds=0.5, token_kind="loss", tokens_kept=900,
+                  tokens_total=2000, input_tokens_kept=3100, input_tokens_total=10000,
+                  config=dict(budget_unit="tokens", data_fraction=0.3))
+    (tmp_path / REPORT_FILENAME).write_text(json.dumps(report))
+    lines = format_report(str(tmp_path)).splitlines()
+    assert lines[1:3] == ["kept 900 of 2000 loss-bearing tokens (45.0%)",
+                          "kept 3100 of 10000 input tokens (31.0%): what budget_unit='tokens' counts"]

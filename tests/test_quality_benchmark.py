@@ -78,3 +78,16 @@ def test_quick_quality_benchmark(tmp_path):
         [sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--quick", "--task", "ni", "--merge", str(out),
          "--out", str(tmp_path / "x.json")], env=env, capture_output=True, text=True, timeout=900, check=False)
     assert wrong.returncode != 0 and "a result of task '20ng', not 'ni'" in wrong.stderr
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--task", "ni", "--pool", "100"], "--pool is a 20ng option"),
+    (["--epochs", "0"], "--epochs must be a positive number, got 0.0"),
+    (["--arms", "random", "--curve", "default"], "--curve names arms this run does not train: ['default']"),
+])
+def test_bad_recipe_options_fail_before_any_work(tmp_path, extra, message):
+    completed = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--quick", *extra,
+                                "--out", str(tmp_path / "q.json")], capture_output=True, text=True, timeout=300,
+                               check=False, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert completed.returncode == 2 and message in completed.stderr
+    assert not (tmp_path / "q.json").exists()
