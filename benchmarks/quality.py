@@ -9,7 +9,7 @@
         --out benchmarks/results/quality_20ng_converged.json         # 20ng to convergence (full data's curve)
 
 `--curve ARM ...` evaluates those arms after every epoch (by default `full`): the convergence check, in the JSON's
-`convergence` rows and under the table (a ClusterTrainer arm's curve starts with its warm-up epoch).
+`convergence` rows and under the table (a ClusterTrainer arm with a warm-up has one more point: its warm-up epoch).
 
 Arms, each from the same model initialisation (per seed), the same recipe and the same epochs over its own data:
 - `full`: stock `Trainer` on every example (once per seed);
@@ -200,8 +200,9 @@ def markdown(result: dict) -> str:
     for row in convergence(cells, result.get("higher_is_better", True)):
         scale = 100 if result.get("higher_is_better", True) else 1
         epochs = ", ".join(f"{scale * v:.{1 if scale == 100 else 3}f}" for v in row["per_epoch"])
-        lines += ["", f"{row['arm']} (f = {row['fraction']:g}) {result['metric']} after each epoch, mean of "
-                  f"{row['n_seeds']} seeds: {epochs}; last epoch's gain {scale * row['last_epoch_gain']:+.3g}"]
+        name = "full data" if row["arm"] == "full" else f"{row['arm']} (f = {row['fraction']:g})"
+        lines += ["", f"{name}: {result['metric']} after each epoch, mean of {row['n_seeds']} seed(s): {epochs}; "
+                  f"last epoch's gain {scale * row['last_epoch_gain']:+.{1 if scale == 100 else 3}f}"]
     commits = result.get("commits") or [result.get("commit")]
     lines += ["", f"Measured at commit{'s' if len(commits) > 1 else ''} {', '.join(f'`{c}`' for c in commits)}."]
     return "\n".join(lines)
@@ -222,8 +223,8 @@ def _table(rows: list[dict], metric: str, higher_is_better: bool, result: dict, 
             if r is None:
                 cells.append("—")
                 continue
-            gain = "" if arm == "random" else (f" ({scale * r['paired_gain_vs_random']:+.{digits}f}, "
-                                               f"{r['wins_vs_random']}/{r['n_seeds']})")
+            gain = "" if arm == "random" or r["paired_gain_vs_random"] is None else (
+                f" ({scale * r['paired_gain_vs_random']:+.{digits}f}, {r['wins_vs_random']}/{r['n_seeds']})")
             extra = f" / {r['tv_distance']:.3f} / {r['min_share_ratio']:.2f}" if balance else ""
             cells.append(f"{scale * r['mean']:.{digits}f} ± {scale * r['std']:.{digits}f}{gain}{extra}")
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
@@ -246,7 +247,10 @@ def plot(rows: list[dict], path: str) -> None:
     for ax, task in zip(axes[0], tasks):
         for arm in sorted({r["arm"] for r in rows if r["task"] == task and r["arm"] not in ("full", "random")}):
             points = sorted((r["fraction"], r["paired_gain_vs_random"], r["paired_gain_std"] or 0.0)
-                            for r in rows if r["task"] == task and r["arm"] == arm)
+                            for r in rows if r["task"] == task and r["arm"] == arm
+                            and r["paired_gain_vs_random"] is not None)  # no random arm at that fraction: no point
+            if not points:
+                continue
             ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points], marker="o",
                         capsize=3, label=arm)
         ax.axhline(0.0, color="grey", lw=1)
@@ -280,6 +284,48 @@ def load_earlier(path: str | None, task: str, quick: bool) -> dict:
     return earlier
 
 
+def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every option error before any work (argparse's message and exit status 2); resolves `--curve`'s default."""
+    if args.merge_only and not args.merge:
+        parser.error("--merge-only needs --merge JSON [JSON ...]")
+    recipe_options = [f"--{name.replace('_', '-')}" for name in ("epochs", "learning_rate", "pool", "curve")
+                      if getattr(args, name) is not None]
+    if args.merge_only and recipe_options:
+        parser.error(f"--merge-only runs nothing: {', '.join(recipe_options)} would be ignored")
+    if args.pool is not None and (args.task != "20ng" or args.quick or args.pool < 20):
+        parser.error("--pool is a 20ng option (not with --quick, whose pool is 96) and needs at least 20 documents")
+    for name in ("epochs", "learning_rate"):
+        value = getattr(args, name)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            parser.error(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+    unknown = sorted(set(args.curve or []) - set(args.arms))
+    if unknown:
+        parser.error(f"--curve names arms this run does not train: {unknown} (arms: {args.arms})")
+    args.curve = [a for a in args.arms if a == "full"] if args.curve is None else args.curve
+
+
+def merged_results(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    """The `--merge` files' cells in one result (a later file's cell replaces an earlier file's of the same arm,
+    fraction and seed); `{}` without `--merge`. Every file must hold the same task, recipe and pool."""
+    earlier: dict = {}
+    try:
+        for path in args.merge or []:  # a wrong file fails before the task loads
+            later = load_earlier(path, args.task, args.quick)
+            if earlier and (later.get("recipe"), later.get("n_train")) != (earlier.get("recipe"),
+                                                                           earlier.get("n_train")):
+                raise ValueError(f"--merge {path}: its recipe ({later.get('recipe')}, {later.get('n_train')} "
+                                 f"training examples) differs from the earlier file's ({earlier.get('recipe')}, "
+                                 f"{earlier.get('n_train')})")
+            keys = {(c["arm"], c["fraction"], c["seed"]) for c in later["cells"]}
+            later["cells"] = [c for c in earlier.get("cells", []) if (c["arm"], c["fraction"], c["seed"]) not in keys
+                              ] + later["cells"]
+            later["arms"] = list(dict.fromkeys(earlier.get("arms", []) + later.get("arms", [])))
+            earlier = later
+    except (OSError, ValueError) as error:
+        parser.error(str(error))
+    return earlier
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="20ng", choices=sorted(quality_tasks.TASKS))
@@ -307,33 +353,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.fractions = args.fractions[:1] if args.fractions != [0.1, 0.3, 0.5] else [0.5]
         args.seeds = args.seeds[:1] if args.seeds != [0, 1, 2] else [0]
+    check_options(parser, args)
+    earlier = merged_results(parser, args)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"quality_{args.task}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     commit = os.popen("git -C " + os.path.dirname(os.path.abspath(__file__)) + " rev-parse --short HEAD").read().strip()
-    if args.merge_only and not args.merge:
-        parser.error("--merge-only needs --merge JSON [JSON ...]")
-    if args.pool is not None and (args.task != "20ng" or args.pool < 20):
-        parser.error("--pool is a 20ng option and needs at least 20 documents")
-    for name in ("epochs", "learning_rate"):
-        value = getattr(args, name)
-        if value is not None and not (math.isfinite(value) and value > 0):
-            parser.error(f"--{name.replace('_', '-')} must be a positive number, got {value}")
-    unknown = sorted(set(args.curve or []) - set(args.arms))
-    args.curve = [a for a in args.arms if a == "full"] if args.curve is None else args.curve
-    if unknown and not args.merge_only:
-        parser.error(f"--curve names arms this run does not train: {unknown} (arms: {args.arms})")
-    try:
-        earlier: dict = {}
-        for path in args.merge or []:  # a wrong file fails before the task loads
-            later = load_earlier(path, args.task, args.quick)
-            keys = {(c["arm"], c["fraction"], c["seed"]) for c in later["cells"]}
-            later["cells"] = [c for c in earlier.get("cells", []) if (c["arm"], c["fraction"], c["seed"]) not in keys
-                              ] + later["cells"]
-            later["arms"] = list(dict.fromkeys(earlier.get("arms", []) + later.get("arms", [])))
-            earlier = later
-    except (OSError, ValueError) as error:
-        parser.error(str(error))
     if args.merge_only:
         args.arms, args.seeds = [], []
         task = argparse.Namespace(main_metric=earlier["metric"], higher_is_better=earlier["higher_is_better"],
@@ -346,6 +371,11 @@ def main(argv: list[str] | None = None) -> int:
             task.recipe["num_train_epochs"] = args.epochs
         if args.learning_rate is not None:
             task.recipe["learning_rate"] = args.learning_rate
+        if earlier and (json.loads(json.dumps(task.recipe)) != earlier["recipe"]
+                        or len(task.train) != earlier["n_train"]):
+            parser.error(f"--merge: the earlier result's recipe ({earlier['recipe']}, {earlier['n_train']} training "
+                         f"examples) is not this run's ({task.recipe}, {len(task.train)}); pass the same --pool, "
+                         "--epochs and --learning-rate")
     work = os.path.join("/tmp", f"quality_{args.task}_{os.getpid()}")
     cells = []
     for seed in args.seeds:

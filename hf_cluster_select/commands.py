@@ -116,7 +116,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"hf-cluster-select select: error: {error}", file=sys.stderr)
             return 2
     elif args.command == "report":
-        print(format_report(args.folder, args.examples))
+        try:
+            print(format_report(args.folder, args.examples))
+        except ValueError as error:  # no selection there: one line, not a traceback
+            print(f"hf-cluster-select report: error: {error}", file=sys.stderr)
+            return 2
     else:
         from .demo.__main__ import main as demo_main
 

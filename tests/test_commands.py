@@ -98,6 +98,8 @@ def test_bad_columns_paths_and_values_are_one_line_errors(tmp_path, model_folder
         assert stop.value.code == 2 and expected in capsys.readouterr().err
     with pytest.raises(ValueError, match="holds no selection_report.json"):
         format_report(str(tmp_path))
+    assert main(["report", str(tmp_path)]) == 2  # the command: one line, no traceback
+    assert "hf-cluster-select report: error:" in capsys.readouterr().err
 
 
 def test_option_values_parse_like_hf_argument_parser():

@@ -54,7 +54,7 @@ def test_quick_quality_benchmark(tmp_path):
     merged = tmp_path / "merged.json"
     completed = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--quick", "--arms", "random", "--seeds", "1",
-         "--merge", str(out), "--out", str(merged)], env=env, capture_output=True, text=True, timeout=900,
+         "--epochs", "2", "--merge", str(out), "--out", str(merged)], env=env, capture_output=True, text=True, timeout=900,
         check=False)
     assert completed.returncode == 0, completed.stderr[-3000:]
     both = json.loads(merged.read_text())
@@ -74,6 +74,12 @@ def test_quick_quality_benchmark(tmp_path):
     assert sorted((c["arm"], c["seed"]) for c in combined["cells"]) == sorted((c["arm"], c["seed"])
                                                                              for c in both["cells"])
     assert combined["n_train"] == 96 and combined["summary"] == both["summary"]
+    # another recipe (1 epoch, the --quick default) is not merged with the 2-epoch cells
+    other = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--quick", "--arms", "random", "--seeds", "1",
+         "--merge", str(out), "--out", str(tmp_path / "y.json")], env=env, capture_output=True, text=True,
+        timeout=900, check=False)
+    assert other.returncode == 2 and "is not this run's" in other.stderr and not (tmp_path / "y.json").exists()
     wrong = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--quick", "--task", "ni", "--merge", str(out),
          "--out", str(tmp_path / "x.json")], env=env, capture_output=True, text=True, timeout=900, check=False)
@@ -84,6 +90,8 @@ def test_quick_quality_benchmark(tmp_path):
     (["--task", "ni", "--pool", "100"], "--pool is a 20ng option"),
     (["--epochs", "0"], "--epochs must be a positive number, got 0.0"),
     (["--arms", "random", "--curve", "default"], "--curve names arms this run does not train: ['default']"),
+    (["--pool", "600"], "not with --quick"),
+    (["--merge", "x.json", "--merge-only", "--epochs", "3"], "--merge-only runs nothing: --epochs would be ignored"),
 ])
 def test_bad_recipe_options_fail_before_any_work(tmp_path, extra, message):
     completed = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--quick", *extra,
