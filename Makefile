@@ -40,5 +40,7 @@ benchmarks: setup
 	$(BIN)/python benchmarks/quality.py
 	$(BIN)/python benchmarks/quality.py --task ni
 	$(BIN)/python benchmarks/quality.py --task mathqa --fractions 0.3 --arms full random default cfg:feature_layers=8
+	$(BIN)/python benchmarks/quality.py --pool 600 --epochs 10 --learning-rate 2e-4 --out benchmarks/results/quality_20ng_converged.json --fractions 0.3 --arms full random default cfg:selection_warmup_steps=0 paper_selection
+	$(BIN)/python benchmarks/quality.py --pool 600 --epochs 10 --learning-rate 2e-4 --out benchmarks/results/quality_20ng_converged.json --merge benchmarks/results/quality_20ng_converged.json --fractions 0.1 0.5 --arms random default cfg:selection_warmup_steps=0
 	$(BIN)/python benchmarks/cluster_scale.py
 	$(BIN)/python benchmarks/overhead.py
