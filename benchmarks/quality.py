@@ -377,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"examples) is not this run's ({task.recipe}, {len(task.train)}); pass the same --pool, "
                          "--epochs and --learning-rate")
     work = os.path.join("/tmp", f"quality_{args.task}_{os.getpid()}")
+    partial = os.path.splitext(out)[0] + ".partial.json"  # the cells so far, while the run lasts
     cells = []
     for seed in args.seeds:
         for fraction in args.fractions:
@@ -388,8 +389,10 @@ def main(argv: list[str] | None = None) -> int:
                 cell["commit"] = commit
                 cells.append(cell)
                 print(json.dumps({k: v for k, v in cell.items() if not k.startswith("loss_skill_")}), flush=True)
-                with open(out, "w", encoding="utf-8") as handle:  # partial results survive an interruption
-                    json.dump({"cells": cells}, handle, indent=1)
+                with open(partial, "w", encoding="utf-8") as handle:  # survives an interruption; `out` (maybe
+                    json.dump({"cells": cells}, handle, indent=1)    # a --merge file) is written only at the end
+    if os.path.exists(partial):
+        os.remove(partial)
     redone = {(c["arm"], c["fraction"], c["seed"]) for c in cells}
     cells = [c for c in earlier.get("cells", []) if (c["arm"], c["fraction"], c["seed"]) not in redone] + cells
     arms = list(dict.fromkeys(earlier.get("arms", []) + args.arms))

@@ -118,9 +118,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.command == "report":
         try:
             print(format_report(args.folder, args.examples))
+            sys.stdout.flush()
         except ValueError as error:  # no selection there: one line, not a traceback
             print(f"hf-cluster-select report: error: {error}", file=sys.stderr)
             return 2
+        except BrokenPipeError:  # `report ... | head`: the reader left, nothing to say
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     else:
         from .demo.__main__ import main as demo_main
 

@@ -139,3 +139,22 @@ def test_report_states_the_token_budget_under_budget_unit_tokens(tmp_path):
     lines = format_report(str(tmp_path)).splitlines()
     assert lines[1:3] == ["kept 900 of 2000 loss-bearing tokens (45.0%)",
                           "kept 3100 of 10000 input tokens (31.0%): what budget_unit='tokens' counts"]
+
+
+def test_report_into_a_closed_pipe_ends_quietly(tmp_path):
+    """`hf-cluster-select report FOLDER | head -1`: no BrokenPipeError traceback when the reader leaves early."""
+    import subprocess
+    import sys
+
+    from hf_cluster_select.reporting.outputs import REPORT_FILENAME
+
+    report = dict(n_kept=1, n_examples=2, fraction_kept=0.5, n_clusters=1, clustering_method="fine_kmeans", n_noise=0)
+    (tmp_path / REPORT_FILENAME).write_text(json.dumps(report))
+    rows = [dict(cluster=i, size=2, kept=1, weight=2.0, mean_tokens=3.0, mean_loss=None, examples=["x" * 100])
+            for i in range(3000)]  # about 0.5 MB of table: more than a pipe holds
+    (tmp_path / "clusters.json").write_text(json.dumps(rows))
+    command = (f"{sys.executable} -c 'from hf_cluster_select.commands import main; "
+               f"raise SystemExit(main([\"report\", \"{tmp_path}\"]))' | head -1")
+    completed = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120, check=False)
+    assert completed.stdout.startswith("kept 1 of 2 examples (50.0%)")
+    assert "Traceback" not in completed.stderr and "BrokenPipeError" not in completed.stderr

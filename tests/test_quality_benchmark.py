@@ -58,6 +58,7 @@ def test_quick_quality_benchmark(tmp_path):
         check=False)
     assert completed.returncode == 0, completed.stderr[-3000:]
     both = json.loads(merged.read_text())
+    assert not (tmp_path / "merged.partial.json").exists()  # the running cells go there, removed at the end
     assert sorted((c["arm"], c["seed"]) for c in both["cells"]) == [("default", 0), ("full", 0), ("random", 0),
                                                                     ("random", 1)]
     assert all(c["commit"] == result["commit"] for c in both["cells"]) and both["commits"] == [result["commit"]]
