@@ -117,13 +117,15 @@ def test_a_second_run_loads_the_features_on_every_rank(three):
 
 
 def _cached_features(cache: str) -> dict[str, np.ndarray]:
-    """The arrays of the one entry in the feature-cache folder `cache` (`losses` is not stored for a truncated
-    feature pass)."""
+    """The arrays of the one entry in the feature-cache folder `cache`, read by `FeatureCache.load` with the identity
+    stored beside them (`losses` is not stored for a truncated feature pass)."""
+    from hf_cluster_select.feature_cache import FeatureCache
+
     (entry,) = [e for e in os.listdir(cache) if not e.startswith(".")]
-    folder = os.path.join(cache, entry)
-    return {name: np.load(os.path.join(folder, name + ".npy"))
-            for name in ("features", "loss_tokens", "norms", "losses")
-            if os.path.isfile(os.path.join(folder, name + ".npy"))}
+    with open(os.path.join(cache, entry, "identity.json"), encoding="utf-8") as handle:
+        arrays = FeatureCache(cache).load(json.load(handle))
+    assert arrays is not None, entry
+    return {name: np.asarray(value) for name, value in arrays.items()}
 
 
 def test_selection_matches_one_process_run(two, tmp_path, monkeypatch):
