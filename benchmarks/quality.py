@@ -294,6 +294,8 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error(f"--merge-only runs nothing: {', '.join(recipe_options)} would be ignored")
     if args.pool is not None and (args.task != "20ng" or args.quick or args.pool < 20):
         parser.error("--pool is a 20ng option (not with --quick, whose pool is 96) and needs at least 20 documents")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
     for name in ("epochs", "learning_rate"):
         value = getattr(args, name)
         if value is not None and not (math.isfinite(value) and value > 0):
@@ -339,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--curve", nargs="*", default=None, metavar="ARM",
                         help="arms evaluated after every epoch, the convergence check (default: full, when it "
                         "runs; none with an empty list)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: every core); 1 when two benchmarks share the machine, whose "
+                        "seconds columns then measure a loaded machine")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/quality_<task>.json)")
     parser.add_argument("--merge", default=None, metavar="JSON", nargs="+",
                         help="keep the cells of earlier runs of the same task (each tagged with its commit) that "
@@ -355,9 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         args.seeds = args.seeds[:1] if args.seeds != [0, 1, 2] else [0]
     check_options(parser, args)
     earlier = merged_results(parser, args)
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(args.threads or max(1, os.cpu_count() or 1))
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"quality_{args.task}.json")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     commit = os.popen("git -C " + os.path.dirname(os.path.abspath(__file__)) + " rev-parse --short HEAD").read().strip()
     if args.merge_only:
         args.arms, args.seeds = [], []
@@ -376,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--merge: the earlier result's recipe ({earlier['recipe']}, {earlier['n_train']} training "
                          f"examples) is not this run's ({task.recipe}, {len(task.train)}); pass the same --pool, "
                          "--epochs and --learning-rate")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)  # after every check: an error leaves nothing
     work = os.path.join("/tmp", f"quality_{args.task}_{os.getpid()}")
     partial = os.path.splitext(out)[0] + ".partial.json"  # the cells so far, while the run lasts
     cells = []

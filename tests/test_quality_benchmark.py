@@ -78,9 +78,10 @@ def test_quick_quality_benchmark(tmp_path):
     # another recipe (1 epoch, the --quick default) is not merged with the 2-epoch cells
     other = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--quick", "--arms", "random", "--seeds", "1",
-         "--merge", str(out), "--out", str(tmp_path / "y.json")], env=env, capture_output=True, text=True,
+         "--merge", str(out), "--out", str(tmp_path / "new" / "y.json")], env=env, capture_output=True, text=True,
         timeout=900, check=False)
-    assert other.returncode == 2 and "is not this run's" in other.stderr and not (tmp_path / "y.json").exists()
+    assert other.returncode == 2 and "is not this run's" in other.stderr
+    assert not (tmp_path / "new").exists()  # the error comes before --out's folder is made
     wrong = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--quick", "--task", "ni", "--merge", str(out),
          "--out", str(tmp_path / "x.json")], env=env, capture_output=True, text=True, timeout=900, check=False)
@@ -92,6 +93,7 @@ def test_quick_quality_benchmark(tmp_path):
     (["--epochs", "0"], "--epochs must be a positive number, got 0.0"),
     (["--arms", "random", "--curve", "default"], "--curve names arms this run does not train: ['default']"),
     (["--pool", "600"], "not with --quick"),
+    (["--threads", "0"], "--threads must be at least 1, got 0"),
     (["--merge", "x.json", "--merge-only", "--epochs", "3"], "--merge-only runs nothing: --epochs would be ignored"),
 ])
 def test_bad_recipe_options_fail_before_any_work(tmp_path, extra, message):
