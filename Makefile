@@ -44,7 +44,9 @@ benchmarks: setup
 	$(BIN)/python benchmarks/quality.py --pool 600 --epochs 10 --learning-rate 2e-4 --out benchmarks/results/quality_20ng_converged.json --merge benchmarks/results/quality_20ng_converged.json --fractions 0.1 0.5 --arms random default cfg:selection_warmup_steps=0
 	$(BIN)/python benchmarks/quality.py --task ni --epochs 5 --learning-rate 2e-3 --fractions 0.3 --seeds 0 --arms full random default cfg:selection_warmup_steps=0 paper_selection --out benchmarks/results/quality_ni_converged.json
 	$(BIN)/python benchmarks/quality.py --task ni --epochs 5 --learning-rate 2e-3 --fractions 0.3 --seeds 1 2 --arms random default cfg:selection_warmup_steps=0 paper_selection --merge benchmarks/results/quality_ni_converged.json --out benchmarks/results/quality_ni_converged.json
+	$(BIN)/python benchmarks/quality.py --task ni --epochs 5 --learning-rate 2e-3 --fractions 0.3 --seeds 3 4 --arms random default --merge benchmarks/results/quality_ni_converged.json --out benchmarks/results/quality_ni_converged.json
 	$(BIN)/python benchmarks/quality.py --task mathqa --epochs 3 --learning-rate 1e-4 --fractions 0.3 --seeds 0 --arms full random default cfg:selection_warmup_steps=0 paper_selection --out benchmarks/results/quality_mathqa_converged.json
 	$(BIN)/python benchmarks/quality.py --task mathqa --epochs 3 --learning-rate 1e-4 --fractions 0.3 --seeds 1 2 --arms random default cfg:selection_warmup_steps=0 paper_selection --merge benchmarks/results/quality_mathqa_converged.json --out benchmarks/results/quality_mathqa_converged.json
+	$(BIN)/python benchmarks/quality.py --task mathqa --epochs 3 --learning-rate 1e-4 --fractions 0.3 --seeds 3 4 --arms random default --merge benchmarks/results/quality_mathqa_converged.json --out benchmarks/results/quality_mathqa_converged.json
 	$(BIN)/python benchmarks/cluster_scale.py
 	$(BIN)/python benchmarks/overhead.py
