@@ -33,6 +33,11 @@ test: setup
 test-all: setup
 	$(BIN)/python -m pytest -q
 
+# NI and MathQA to convergence (README "Natural-Instructions and MathQA to convergence"): full data on seed 0 only
+NI_CONVERGED = $(BIN)/python benchmarks/quality.py --task ni --epochs 5 --learning-rate 2e-3 --fractions 0.3
+MATHQA_CONVERGED = $(BIN)/python benchmarks/quality.py --task mathqa --epochs 3 --learning-rate 1e-4 --fractions 0.3
+CONVERGED_ARMS = random default cfg:selection_warmup_steps=0 paper_selection
+
 benchmarks: setup
 	$(BIN)/python benchmarks/balance.py
 	$(BIN)/python benchmarks/clustering_ni.py
@@ -42,11 +47,11 @@ benchmarks: setup
 	$(BIN)/python benchmarks/quality.py --task mathqa --fractions 0.3 --arms full random default cfg:feature_layers=8
 	$(BIN)/python benchmarks/quality.py --pool 600 --epochs 10 --learning-rate 2e-4 --out benchmarks/results/quality_20ng_converged.json --fractions 0.3 --arms full random default cfg:selection_warmup_steps=0 paper_selection
 	$(BIN)/python benchmarks/quality.py --pool 600 --epochs 10 --learning-rate 2e-4 --out benchmarks/results/quality_20ng_converged.json --merge benchmarks/results/quality_20ng_converged.json --fractions 0.1 0.5 --arms random default cfg:selection_warmup_steps=0
-	$(BIN)/python benchmarks/quality.py --task ni --epochs 5 --learning-rate 2e-3 --fractions 0.3 --seeds 0 --arms full random default cfg:selection_warmup_steps=0 paper_selection --out benchmarks/results/quality_ni_converged.json
-	$(BIN)/python benchmarks/quality.py --task ni --epochs 5 --learning-rate 2e-3 --fractions 0.3 --seeds 1 2 --arms random default cfg:selection_warmup_steps=0 paper_selection --merge benchmarks/results/quality_ni_converged.json --out benchmarks/results/quality_ni_converged.json
-	$(BIN)/python benchmarks/quality.py --task ni --epochs 5 --learning-rate 2e-3 --fractions 0.3 --seeds 3 4 --arms random default --merge benchmarks/results/quality_ni_converged.json --out benchmarks/results/quality_ni_converged.json
-	$(BIN)/python benchmarks/quality.py --task mathqa --epochs 3 --learning-rate 1e-4 --fractions 0.3 --seeds 0 --arms full random default cfg:selection_warmup_steps=0 paper_selection --out benchmarks/results/quality_mathqa_converged.json
-	$(BIN)/python benchmarks/quality.py --task mathqa --epochs 3 --learning-rate 1e-4 --fractions 0.3 --seeds 1 2 --arms random default cfg:selection_warmup_steps=0 paper_selection --merge benchmarks/results/quality_mathqa_converged.json --out benchmarks/results/quality_mathqa_converged.json
-	$(BIN)/python benchmarks/quality.py --task mathqa --epochs 3 --learning-rate 1e-4 --fractions 0.3 --seeds 3 4 --arms random default --merge benchmarks/results/quality_mathqa_converged.json --out benchmarks/results/quality_mathqa_converged.json
+	$(NI_CONVERGED) --seeds 0 --arms full $(CONVERGED_ARMS) --out benchmarks/results/quality_ni_converged.json
+	$(NI_CONVERGED) --seeds 1 2 --arms $(CONVERGED_ARMS) --merge benchmarks/results/quality_ni_converged.json --out benchmarks/results/quality_ni_converged.json
+	$(NI_CONVERGED) --seeds 3 4 --arms random default --merge benchmarks/results/quality_ni_converged.json --out benchmarks/results/quality_ni_converged.json
+	$(MATHQA_CONVERGED) --seeds 0 --arms full $(CONVERGED_ARMS) --out benchmarks/results/quality_mathqa_converged.json
+	$(MATHQA_CONVERGED) --seeds 1 2 --arms $(CONVERGED_ARMS) --merge benchmarks/results/quality_mathqa_converged.json --out benchmarks/results/quality_mathqa_converged.json
+	$(MATHQA_CONVERGED) --seeds 3 4 --arms random default --merge benchmarks/results/quality_mathqa_converged.json --out benchmarks/results/quality_mathqa_converged.json
 	$(BIN)/python benchmarks/cluster_scale.py
 	$(BIN)/python benchmarks/overhead.py
