@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -47,13 +46,13 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_io  # noqa: E402
+import quality_options  # noqa: E402
 import quality_tasks  # noqa: E402
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from hf_cluster_select import ClusterSelectConfig, ClusterTrainer  # noqa: E402
 from hf_cluster_select.selection import selection_budget  # noqa: E402
 
-DEFAULT_ARMS = ["full", "random", "default", "paper_selection"]
 PAPER_SELECTION = dict(selection_warmup_steps=0, cluster_method="kmeans", kmeans_n_clusters=2, kmeans_size_cap=1.5, pca_dim=None,
                        quota="uniform", within_cluster="peripheral", balance_tokens=False)
 
@@ -262,104 +261,13 @@ def plot(rows: list[dict], path: str) -> None:
     plt.close(fig)
 
 
-def load_earlier(path: str | None, task: str, quick: bool) -> dict:
-    """The result JSON `--merge` names (`{}` without one), each cell tagged with the commit it was measured at.
-    Cells are matched by (arm, fraction, seed): an arm name whose meaning changed between the commits (`default`
-    after a change of defaults) must be renamed in one of the files first.
-
-    Raises:
-        ValueError: if the file holds another task's result, or a `--quick` result where this run is not one (or
-            the other way round).
-    """
-    if path is None:
-        return {}
-    with open(path, encoding="utf-8") as handle:
-        earlier = json.load(handle)
-    if earlier.get("task") != task:
-        raise ValueError(f"--merge {path}: a result of task {earlier.get('task')!r}, not {task!r}")
-    if bool(earlier.get("quick")) != quick:
-        raise ValueError(f"--merge {path}: quick={bool(earlier.get('quick'))} there, quick={quick} here")
-    for cell in earlier.get("cells", []):
-        cell.setdefault("commit", earlier.get("commit"))
-    return earlier
-
-
-def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Every option error before any work (argparse's message and exit status 2); resolves `--curve`'s default."""
-    if args.merge_only and not args.merge:
-        parser.error("--merge-only needs --merge JSON [JSON ...]")
-    recipe_options = [f"--{name.replace('_', '-')}" for name in ("epochs", "learning_rate", "pool", "curve")
-                      if getattr(args, name) is not None]
-    if args.merge_only and recipe_options:
-        parser.error(f"--merge-only runs nothing: {', '.join(recipe_options)} would be ignored")
-    if args.pool is not None and (args.task != "20ng" or args.quick or args.pool < 20):
-        parser.error("--pool is a 20ng option (not with --quick, whose pool is 96) and needs at least 20 documents")
-    if args.threads is not None and args.threads < 1:
-        parser.error(f"--threads must be at least 1, got {args.threads}")
-    for name in ("epochs", "learning_rate"):
-        value = getattr(args, name)
-        if value is not None and not (math.isfinite(value) and value > 0):
-            parser.error(f"--{name.replace('_', '-')} must be a positive number, got {value}")
-    unknown = sorted(set(args.curve or []) - set(args.arms))
-    if unknown:
-        parser.error(f"--curve names arms this run does not train: {unknown} (arms: {args.arms})")
-    args.curve = [a for a in args.arms if a == "full"] if args.curve is None else args.curve
-
-
-def merged_results(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
-    """The `--merge` files' cells in one result (a later file's cell replaces an earlier file's of the same arm,
-    fraction and seed); `{}` without `--merge`. Every file must hold the same task, recipe and pool."""
-    earlier: dict = {}
-    try:
-        for path in args.merge or []:  # a wrong file fails before the task loads
-            later = load_earlier(path, args.task, args.quick)
-            if earlier and (later.get("recipe"), later.get("n_train")) != (earlier.get("recipe"),
-                                                                           earlier.get("n_train")):
-                raise ValueError(f"--merge {path}: its recipe ({later.get('recipe')}, {later.get('n_train')} "
-                                 f"training examples) differs from the earlier file's ({earlier.get('recipe')}, "
-                                 f"{earlier.get('n_train')})")
-            keys = {(c["arm"], c["fraction"], c["seed"]) for c in later["cells"]}
-            later["cells"] = [c for c in earlier.get("cells", []) if (c["arm"], c["fraction"], c["seed"]) not in keys
-                              ] + later["cells"]
-            later["arms"] = list(dict.fromkeys(earlier.get("arms", []) + later.get("arms", [])))
-            earlier = later
-    except (OSError, ValueError) as error:
-        parser.error(str(error))
-    return earlier
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", default="20ng", choices=sorted(quality_tasks.TASKS))
-    parser.add_argument("--fractions", type=float, nargs="+", default=[0.1, 0.3, 0.5])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--arms", nargs="+", default=DEFAULT_ARMS)
-    parser.add_argument("--quick", action="store_true", help="tiny pools, 1 epoch, one fraction and seed")
-    parser.add_argument("--epochs", type=float, default=None, help="override the task's num_train_epochs")
-    parser.add_argument("--learning-rate", type=float, default=None, help="override the task's learning rate")
-    parser.add_argument("--pool", type=int, default=None, help="training examples (20ng only; default 1000)")
-    parser.add_argument("--curve", nargs="*", default=None, metavar="ARM",
-                        help="arms evaluated after every epoch, the convergence check (default: full, when it "
-                        "runs; none with an empty list)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads (default: every core); 1 when two benchmarks share the machine, whose "
-                        "seconds columns then measure a loaded machine")
-    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/quality_<task>.json)")
-    parser.add_argument("--merge", default=None, metavar="JSON", nargs="+",
-                        help="keep the cells of earlier runs of the same task (each tagged with its commit) that "
-                        "this run does not redo, and summarise them all: adds fractions or arms to a result (a "
-                        "later file's cell replaces an earlier file's of the same arm, fraction and seed)")
-    parser.add_argument("--merge-only", action="store_true",
-                        help="run nothing: write the --merge files' cells, summarised, to --out")
-    bench_io.add_report_option(parser)
+    parser = quality_options.build_parser(__doc__.split("\n\n")[0])
     args = parser.parse_args(argv)
+    quality_options.check_options(parser, args)
     if bench_io.print_report(args.report, markdown):
         return 0
-    if args.quick:
-        args.fractions = args.fractions[:1] if args.fractions != [0.1, 0.3, 0.5] else [0.5]
-        args.seeds = args.seeds[:1] if args.seeds != [0, 1, 2] else [0]
-    check_options(parser, args)
-    earlier = merged_results(parser, args)
+    earlier = quality_options.merged_results(parser, args)
     torch.set_num_threads(args.threads or max(1, os.cpu_count() or 1))
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"quality_{args.task}.json")
     commit = os.popen("git -C " + os.path.dirname(os.path.abspath(__file__)) + " rev-parse --short HEAD").read().strip()

@@ -95,6 +95,9 @@ def test_quick_quality_benchmark(tmp_path):
     (["--pool", "600"], "not with --quick"),
     (["--threads", "0"], "--threads must be at least 1, got 0"),
     (["--merge", "x.json", "--merge-only", "--epochs", "3"], "--merge-only runs nothing: --epochs would be ignored"),
+    (["--merge", "x.json", "--merge-only", "--arms", "random", "--threads", "1"],
+     "--merge-only runs nothing: --arms, --threads would be ignored"),
+    (["--merge", "missing.json", "--merge-only"], "--merge missing.json: [Errno 2]"),
 ])
 def test_bad_recipe_options_fail_before_any_work(tmp_path, extra, message):
     completed = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--quick", *extra,
@@ -102,3 +105,25 @@ def test_bad_recipe_options_fail_before_any_work(tmp_path, extra, message):
                                check=False, env=dict(os.environ, HF_HUB_OFFLINE="1"))
     assert completed.returncode == 2 and message in completed.stderr
     assert not (tmp_path / "q.json").exists()
+
+
+def test_merge_only_needs_out_and_report_takes_no_other_option(tmp_path):
+    """--merge-only without --out would overwrite the committed result; --report ignores every run option."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    script = str(ROOT / "benchmarks" / "quality.py")
+    no_out = subprocess.run([sys.executable, script, "--merge", "x.json", "--merge-only"], capture_output=True,
+                            text=True, timeout=300, check=False, env=env)
+    assert no_out.returncode == 2 and "--merge-only needs --out JSON" in no_out.stderr
+    committed = str(ROOT / "benchmarks" / "results" / "quality_mathqa_converged.json")
+    report = subprocess.run([sys.executable, script, "--report", committed, "--threads", "0"], capture_output=True,
+                            text=True, timeout=300, check=False, env=env)
+    assert report.returncode == 2 and "--report only prints a table: --threads would be ignored" in report.stderr
+    assert report.stdout == ""
+    # --merge-only takes the task from the file: a MathQA result merged without --task
+    out = tmp_path / "m.json"
+    merged = subprocess.run([sys.executable, script, "--merge-only", "--merge", committed, "--out", str(out)],
+                            capture_output=True, text=True, timeout=300, check=False, env=env)
+    assert merged.returncode == 0, merged.stderr[-2000:]
+    result, original = json.loads(out.read_text()), json.loads(open(committed, encoding="utf-8").read())
+    assert result["task"] == "mathqa" and result["summary"] == original["summary"]
+    assert len(result["cells"]) == len(original["cells"]) == 17

@@ -1,0 +1,134 @@
+"""`benchmarks/quality.py`'s command line: its options, their checks (every error before any work, exit status 2)
+and the merging of earlier results (`--merge`, `--merge-only`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import bench_io
+import quality_tasks
+
+DEFAULT_ARMS = ["full", "random", "default", "paper_selection"]
+
+
+def build_parser(description: str) -> argparse.ArgumentParser:
+    """The parser; list options default to None so that `check_options` can tell a given option from a default."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--task", default=None, choices=sorted(quality_tasks.TASKS),
+                        help="default 20ng; with --merge-only, the first --merge file's task")
+    parser.add_argument("--fractions", type=float, nargs="+", default=None, help="default 0.1 0.3 0.5")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2")
+    parser.add_argument("--arms", nargs="+", default=None, help=f"default {' '.join(DEFAULT_ARMS)}")
+    parser.add_argument("--quick", action="store_true", help="tiny pools, 1 epoch, one fraction and seed")
+    parser.add_argument("--epochs", type=float, default=None, help="override the task's num_train_epochs")
+    parser.add_argument("--learning-rate", type=float, default=None, help="override the task's learning rate")
+    parser.add_argument("--pool", type=int, default=None, help="training examples (20ng only; default 1000)")
+    parser.add_argument("--curve", nargs="*", default=None, metavar="ARM",
+                        help="arms evaluated after every epoch, the convergence check (default: full, when it "
+                        "runs; none with an empty list)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: every core); 1 when two benchmarks share the machine, whose "
+                        "seconds columns then measure a loaded machine")
+    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/quality_<task>.json)")
+    parser.add_argument("--merge", default=None, metavar="JSON", nargs="+",
+                        help="keep the cells of earlier runs of the same task (each tagged with its commit) that "
+                        "this run does not redo, and summarise them all: adds fractions or arms to a result (a "
+                        "later file's cell replaces an earlier file's of the same arm, fraction and seed)")
+    parser.add_argument("--merge-only", action="store_true",
+                        help="run nothing: write the --merge files' cells, summarised, to --out (required)")
+    bench_io.add_report_option(parser)
+    return parser
+
+
+def load_earlier(path: str | None, task: str, quick: bool) -> dict:
+    """The result JSON `--merge` names (`{}` without one), each cell tagged with the commit it was measured at.
+    Cells are matched by (arm, fraction, seed): an arm name whose meaning changed between the commits (`default`
+    after a change of defaults) must be renamed in one of the files first.
+
+    Raises:
+        ValueError: if the file holds another task's result, or a `--quick` result where this run is not one (or
+            the other way round).
+    """
+    if path is None:
+        return {}
+    with open(path, encoding="utf-8") as handle:
+        earlier = json.load(handle)
+    if earlier.get("task") != task:
+        raise ValueError(f"--merge {path}: a result of task {earlier.get('task')!r}, not {task!r}")
+    if bool(earlier.get("quick")) != quick:
+        raise ValueError(f"--merge {path}: quick={bool(earlier.get('quick'))} there, quick={quick} here")
+    for cell in earlier.get("cells", []):
+        cell.setdefault("commit", earlier.get("commit"))
+    return earlier
+
+
+def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every option error before any work (argparse's message and exit status 2); resolves the defaults of
+    `--task` (with `--merge-only`: the first `--merge` file's task), `--fractions`, `--seeds`, `--arms`, `--curve`.
+    `--report` takes no other option (it only prints a table)."""
+    if args.report:
+        given = [f"--{name.replace('_', '-')}" for name, value in vars(args).items()
+                 if name != "report" and value is not None and value is not False]
+        if given:
+            parser.error(f"--report only prints a table: {', '.join(given)} would be ignored")
+        return
+    if args.merge_only:
+        if not args.merge:
+            parser.error("--merge-only needs --merge JSON [JSON ...]")
+        if args.out is None:  # never a silent overwrite of the committed benchmarks/results/quality_<task>.json
+            parser.error("--merge-only needs --out JSON (the merged result's path)")
+        ignored = [f"--{name.replace('_', '-')}" for name in ("epochs", "learning_rate", "pool", "curve",
+                                                                "fractions", "seeds", "arms", "threads")
+                   if getattr(args, name) is not None]
+        if ignored:
+            parser.error(f"--merge-only runs nothing: {', '.join(ignored)} would be ignored")
+        if args.task is None:
+            try:
+                with open(args.merge[0], encoding="utf-8") as handle:
+                    args.task = json.load(handle).get("task")
+            except (OSError, ValueError) as error:
+                parser.error(f"--merge {args.merge[0]}: {error}")
+            if args.task not in quality_tasks.TASKS:
+                parser.error(f"--merge {args.merge[0]}: no benchmark task in it (got {args.task!r}); pass --task")
+    args.task = args.task or "20ng"
+    if args.quick:  # one fraction and seed: the first given, else 0.5 and seed 0
+        args.fractions, args.seeds = (args.fractions or [0.5])[:1], (args.seeds or [0])[:1]
+    args.fractions = args.fractions or [0.1, 0.3, 0.5]
+    args.seeds = args.seeds if args.seeds is not None else [0, 1, 2]
+    args.arms = args.arms or list(DEFAULT_ARMS)
+    if args.pool is not None and (args.task != "20ng" or args.quick or args.pool < 20):
+        parser.error("--pool is a 20ng option (not with --quick, whose pool is 96) and needs at least 20 documents")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
+    for name in ("epochs", "learning_rate"):
+        value = getattr(args, name)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            parser.error(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+    unknown = sorted(set(args.curve or []) - set(args.arms))
+    if unknown:
+        parser.error(f"--curve names arms this run does not train: {unknown} (arms: {args.arms})")
+    args.curve = [a for a in args.arms if a == "full"] if args.curve is None else args.curve
+
+
+def merged_results(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    """The `--merge` files' cells in one result (a later file's cell replaces an earlier file's of the same arm,
+    fraction and seed); `{}` without `--merge`. Every file must hold the same task, recipe and pool."""
+    earlier: dict = {}
+    try:
+        for path in args.merge or []:  # a wrong file fails before the task loads
+            later = load_earlier(path, args.task, args.quick)
+            if earlier and (later.get("recipe"), later.get("n_train")) != (earlier.get("recipe"),
+                                                                           earlier.get("n_train")):
+                raise ValueError(f"--merge {path}: its recipe ({later.get('recipe')}, {later.get('n_train')} "
+                                 f"training examples) differs from the earlier file's ({earlier.get('recipe')}, "
+                                 f"{earlier.get('n_train')})")
+            keys = {(c["arm"], c["fraction"], c["seed"]) for c in later["cells"]}
+            later["cells"] = [c for c in earlier.get("cells", []) if (c["arm"], c["fraction"], c["seed"]) not in keys
+                              ] + later["cells"]
+            later["arms"] = list(dict.fromkeys(earlier.get("arms", []) + later.get("arms", [])))
+            earlier = later
+    except (OSError, ValueError) as error:
+        parser.error(str(error))
+    return earlier
