@@ -37,6 +37,7 @@ test-all: setup
 NI_CONVERGED = $(BIN)/python benchmarks/quality.py --task ni --epochs 5 --learning-rate 2e-3 --fractions 0.3
 MATHQA_CONVERGED = $(BIN)/python benchmarks/quality.py --task mathqa --epochs 3 --learning-rate 1e-4 --fractions 0.3
 CONVERGED_ARMS = random default cfg:selection_warmup_steps=0 paper_selection
+MATHQA_2EPOCHS = $(BIN)/python benchmarks/quality.py --task mathqa --epochs 2 --learning-rate 1e-4 --fractions 0.3
 
 benchmarks: setup
 	$(BIN)/python benchmarks/balance.py
@@ -53,5 +54,7 @@ benchmarks: setup
 	$(MATHQA_CONVERGED) --seeds 0 --arms full $(CONVERGED_ARMS) --out benchmarks/results/quality_mathqa_converged.json
 	$(MATHQA_CONVERGED) --seeds 1 2 --arms $(CONVERGED_ARMS) --merge benchmarks/results/quality_mathqa_converged.json --out benchmarks/results/quality_mathqa_converged.json
 	$(MATHQA_CONVERGED) --seeds 3 4 --arms random default --merge benchmarks/results/quality_mathqa_converged.json --out benchmarks/results/quality_mathqa_converged.json
+	$(MATHQA_2EPOCHS) --seeds 0 --arms full $(CONVERGED_ARMS) --out benchmarks/results/quality_mathqa_2epochs.json
+	$(MATHQA_2EPOCHS) --seeds 1 2 3 4 --arms $(CONVERGED_ARMS) --merge benchmarks/results/quality_mathqa_2epochs.json --out benchmarks/results/quality_mathqa_2epochs.json
 	$(BIN)/python benchmarks/cluster_scale.py
 	$(BIN)/python benchmarks/overhead.py
