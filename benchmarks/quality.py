@@ -26,7 +26,8 @@ Every cell records the task's metrics, the examples trained and the measured wal
 the summary gives mean ± std over seeds and the paired per-seed difference against `random` (the sign is such that
 a positive difference is better). The class/skill distribution of each kept set, weighted by its loss weights, is
 compared with the full data by total-variation distance, next to the random subset's, with the smallest kept share
-of any class relative to its proportional share. Writes JSON (and a PNG next to it).
+of any class relative to its proportional share. Writes `--out` (a .json path) and, next to it, the same name
+with .md (the tables) and .png (the gains plot).
 """
 
 from __future__ import annotations
@@ -264,14 +265,15 @@ def plot(rows: list[dict], path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = quality_options.build_parser(__doc__.split("\n\n")[0])
     args = parser.parse_args(argv)
-    quality_options.check_options(parser, args)
+    quality_options.check_options(parser, args, arm_config)
     if bench_io.print_report(args.report, markdown):
         return 0
     earlier = quality_options.merged_results(parser, args)
     torch.set_num_threads(args.threads or max(1, os.cpu_count() or 1))
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"quality_{args.task}.json")
     commit = os.popen("git -C " + os.path.dirname(os.path.abspath(__file__)) + " rev-parse --short HEAD").read().strip()
-    if args.merge_only:
+    if args.merge_only:  # nothing is measured at HEAD: the result keeps the last merged file's commit
+        commit = earlier.get("commit") or commit
         args.arms, args.seeds = [], []
         task = argparse.Namespace(main_metric=earlier["metric"], higher_is_better=earlier["higher_is_better"],
                                   train=range(earlier["n_train"]), test=range(earlier["n_test"]),

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+from typing import Callable
 
 import bench_io
 import quality_tasks
@@ -42,19 +44,35 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def read_result(path: str, option: str) -> dict:
+    """A quality result JSON (a dict with `task`, `summary` and a list of `cells`), read for `option`.
+
+    Raises:
+        ValueError: naming `option` and `path`, if the file cannot be read, is not JSON or is not such a result.
+    """
+    try:
+        with open(path, encoding="utf-8") as handle:
+            result = json.load(handle)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{option} {path}: {error}") from None
+    if not (isinstance(result, dict) and isinstance(result.get("cells"), list) and "summary" in result
+            and "task" in result):
+        raise ValueError(f"{option} {path}: not a benchmarks/quality.py result (needs 'task', 'summary', 'cells')")
+    return result
+
+
 def load_earlier(path: str | None, task: str, quick: bool) -> dict:
     """The result JSON `--merge` names (`{}` without one), each cell tagged with the commit it was measured at.
     Cells are matched by (arm, fraction, seed): an arm name whose meaning changed between the commits (`default`
     after a change of defaults) must be renamed in one of the files first.
 
     Raises:
-        ValueError: if the file holds another task's result, or a `--quick` result where this run is not one (or
-            the other way round).
+        ValueError: if the file cannot be read or is not a result, holds another task's result, or a `--quick`
+            result where this run is not one (or the other way round).
     """
     if path is None:
         return {}
-    with open(path, encoding="utf-8") as handle:
-        earlier = json.load(handle)
+    earlier = read_result(path, "--merge")
     if earlier.get("task") != task:
         raise ValueError(f"--merge {path}: a result of task {earlier.get('task')!r}, not {task!r}")
     if bool(earlier.get("quick")) != quick:
@@ -64,16 +82,24 @@ def load_earlier(path: str | None, task: str, quick: bool) -> dict:
     return earlier
 
 
-def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                  arm_config: Callable[[str, float, int], object] | None = None) -> None:
     """Every option error before any work (argparse's message and exit status 2); resolves the defaults of
     `--task` (with `--merge-only`: the first `--merge` file's task), `--fractions`, `--seeds`, `--arms`, `--curve`.
-    `--report` takes no other option (it only prints a table)."""
-    if args.report:
+    `--report` takes no other option (it only prints a table). `arm_config(arm, fraction, seed)` (quality.py's) builds
+    each arm's `ClusterSelectConfig`, so that a wrong arm fails here, not after hours of other arms."""
+    if args.report is not None:
         given = [f"--{name.replace('_', '-')}" for name, value in vars(args).items()
                  if name != "report" and value is not None and value is not False]
         if given:
             parser.error(f"--report only prints a table: {', '.join(given)} would be ignored")
+        try:
+            read_result(args.report, "--report")
+        except ValueError as error:
+            parser.error(str(error))
         return
+    if args.out is not None and (not args.out.endswith(".json") or os.path.isdir(args.out)):
+        parser.error(f"--out must be a .json file path (its .md and .png are written next to it), got {args.out!r}")
     if args.merge_only:
         if not args.merge:
             parser.error("--merge-only needs --merge JSON [JSON ...]")
@@ -86,10 +112,9 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
             parser.error(f"--merge-only runs nothing: {', '.join(ignored)} would be ignored")
         if args.task is None:
             try:
-                with open(args.merge[0], encoding="utf-8") as handle:
-                    args.task = json.load(handle).get("task")
-            except (OSError, ValueError) as error:
-                parser.error(f"--merge {args.merge[0]}: {error}")
+                args.task = read_result(args.merge[0], "--merge")["task"]
+            except ValueError as error:
+                parser.error(str(error))
             if args.task not in quality_tasks.TASKS:
                 parser.error(f"--merge {args.merge[0]}: no benchmark task in it (got {args.task!r}); pass --task")
     args.task = args.task or "20ng"
@@ -106,6 +131,16 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         value = getattr(args, name)
         if value is not None and not (math.isfinite(value) and value > 0):
             parser.error(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+    bad = [f for f in args.fractions if not (math.isfinite(f) and 0 < f < 1)]
+    if bad:
+        parser.error(f"--fractions must lie strictly between 0 and 1 (a subset's share of the pool), got {bad}")
+    if any(seed < 0 for seed in args.seeds):
+        parser.error(f"--seeds must be non-negative integers, got {args.seeds}")
+    for arm in args.arms if arm_config is not None else []:
+        try:
+            arm_config(arm, args.fractions[0], args.seeds[0] if args.seeds else 0)
+        except (ValueError, TypeError) as error:
+            parser.error(f"--arms {arm}: {error} (arms: full, random, default, paper_selection, cfg:FIELD=VALUE,...)")
     unknown = sorted(set(args.curve or []) - set(args.arms))
     if unknown:
         parser.error(f"--curve names arms this run does not train: {unknown} (arms: {args.arms})")
@@ -129,6 +164,6 @@ def merged_results(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
                               ] + later["cells"]
             later["arms"] = list(dict.fromkeys(earlier.get("arms", []) + later.get("arms", [])))
             earlier = later
-    except (OSError, ValueError) as error:
+    except ValueError as error:
         parser.error(str(error))
     return earlier

@@ -39,3 +39,21 @@ def test_demo_quick_end_to_end(tmp_path):
     assert full["tokens_trained"] > ours["tokens_trained"] - ours["selected_tokens"]
     assert not (tmp_path / "full").exists() and not (tmp_path / "random").exists()  # no empty output folders
     assert (tmp_path / "cluster" / "feature_map.png").is_file()
+
+
+def test_demo_table_says_when_features_came_from_the_cache():
+    """A cache hit makes `features s` about 0 and the seconds saved larger: the table names it."""
+    from hf_cluster_select.demo.__main__ import format_table
+
+    arm = dict(eval_loss=0.5, accuracy=0.25, n=100, steps=12, examples_trained=92, tokens_trained=352,
+               selected_examples=92, selected_tokens=352, train_seconds=80.0)
+    ours = dict(arm, steps=16, warmup_seconds=20.0, features_seconds=0.04, clustering_seconds=1.0,
+                training_seconds=70.0, seconds_saved=100.0, fraction_saved=0.5, full_data_seconds_basis="measured",
+                n_clusters=23, world_size=1)
+    results = {"n_eval": 94, "arms": {"full": dict(arm, train_seconds=200.0), "random": arm,
+                                      "cluster": dict(ours, features_from_cache=True)}}
+    cached = format_table(results)
+    assert "features s (from cache)" in cached and "seconds saved: 100.0 (50.0%)" in cached
+    results["arms"]["cluster"]["features_from_cache"] = False
+    computed = format_table(results)
+    assert "from cache" not in computed and "features s" in computed

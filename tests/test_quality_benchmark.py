@@ -98,6 +98,12 @@ def test_quick_quality_benchmark(tmp_path):
     (["--merge", "x.json", "--merge-only", "--arms", "random", "--threads", "1"],
      "--merge-only runs nothing: --arms, --threads would be ignored"),
     (["--merge", "missing.json", "--merge-only"], "--merge missing.json: [Errno 2]"),
+    (["--merge", "missing.json"], "--merge missing.json: [Errno 2]"),
+    (["--arms", "random", "bogus"], "--arms bogus: unknown arm 'bogus'"),
+    (["--arms", "cfg:no_such_field=1"], "--arms cfg:no_such_field=1: "),
+    (["--arms", "cfg:selection_seed"], "--arms cfg:selection_seed: "),
+    (["--fractions", "1.5"], "--fractions must lie strictly between 0 and 1"),
+    (["--seeds", "-1"], "--seeds must be non-negative integers, got [-1]"),
 ])
 def test_bad_recipe_options_fail_before_any_work(tmp_path, extra, message):
     completed = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--quick", *extra,
@@ -119,6 +125,19 @@ def test_merge_only_needs_out_and_report_takes_no_other_option(tmp_path):
                             text=True, timeout=300, check=False, env=env)
     assert report.returncode == 2 and "--report only prints a table: --threads would be ignored" in report.stderr
     assert report.stdout == ""
+    probe = str(ROOT / "benchmarks" / "results" / "probe.json")  # another benchmark's JSON, and no file at all
+    for bad, message in (([probe], f"--report {probe}: not a benchmarks/quality.py result"),
+                         ([""], "--report : [Errno 2]")):
+        wrong = subprocess.run([sys.executable, script, "--report", *bad], capture_output=True, text=True,
+                               timeout=300, check=False, env=env)
+        assert wrong.returncode == 2 and message in wrong.stderr, wrong.stderr[-2000:]
+    # an --out that is not a .json path (empty: it used to fall back to the committed default result)
+    before = open(committed, encoding="utf-8").read()
+    for bad_out in ("", str(tmp_path), str(tmp_path / "m.md")):
+        wrong = subprocess.run([sys.executable, script, "--merge-only", "--merge", committed, "--out", bad_out],
+                               capture_output=True, text=True, timeout=300, check=False, env=env)
+        assert wrong.returncode == 2 and "--out must be a .json file path" in wrong.stderr
+    assert open(committed, encoding="utf-8").read() == before and not (tmp_path / "m.md").exists()
     # --merge-only takes the task from the file: a MathQA result merged without --task
     out = tmp_path / "m.json"
     merged = subprocess.run([sys.executable, script, "--merge-only", "--merge", committed, "--out", str(out)],
@@ -127,3 +146,4 @@ def test_merge_only_needs_out_and_report_takes_no_other_option(tmp_path):
     result, original = json.loads(out.read_text()), json.loads(open(committed, encoding="utf-8").read())
     assert result["task"] == "mathqa" and result["summary"] == original["summary"]
     assert len(result["cells"]) == len(original["cells"]) == 17
+    assert result["commit"] == original["commit"]  # nothing was measured at HEAD
