@@ -67,8 +67,13 @@ def arm_config(arm: str, fraction: float, seed: int) -> ClusterSelectConfig | No
         overrides = dict(PAPER_SELECTION)
     elif arm.startswith("cfg:"):
         for item in arm[4:].split(","):
-            key, value = item.split("=", 1)
-            overrides[key] = json.loads(value) if value[:1] in "0123456789-[{tfn" else value
+            key, sep, value = item.partition("=")
+            if not key or not sep or key in overrides:
+                raise ValueError(f"expected cfg:FIELD=VALUE,... with each ClusterSelectConfig field once, got {item!r}")
+            try:  # numbers, true/false/null, lists and dicts as JSON; anything else is a string
+                overrides[key] = json.loads(value)
+            except ValueError:
+                overrides[key] = value
     elif arm != "default":
         raise ValueError(f"unknown arm {arm!r}")
     return ClusterSelectConfig(data_fraction=fraction, selection_seed=seed, **overrides)

@@ -55,10 +55,31 @@ def read_result(path: str, option: str) -> dict:
             result = json.load(handle)
     except (OSError, ValueError) as error:
         raise ValueError(f"{option} {path}: {error}") from None
-    if not (isinstance(result, dict) and isinstance(result.get("cells"), list) and "summary" in result
-            and "task" in result):
-        raise ValueError(f"{option} {path}: not a benchmarks/quality.py result (needs 'task', 'summary', 'cells')")
+    keys = ("task", "metric", "higher_is_better", "n_train", "n_test", "recipe", "summary", "cells")
+    if not (isinstance(result, dict) and all(k in result for k in keys) and isinstance(result["task"], str)
+            and isinstance(result["summary"], list) and isinstance(result["cells"], list)
+            and all(isinstance(c, dict) and {"arm", "fraction", "seed"} <= set(c) for c in result["cells"])):
+        raise ValueError(f"{option} {path}: not a benchmarks/quality.py result (needs {', '.join(keys)}; each cell an "
+                         "arm, fraction and seed)")
     return result
+
+
+def check_out(parser: argparse.ArgumentParser, out: str, task: str) -> None:
+    """`--out` must be a new .json path or an earlier result of the same task, in a folder that can be made."""
+    if not out.endswith(".json") or out == ".json" or out.endswith("/.json") or os.path.isdir(out):
+        parser.error(f"--out must be a .json file path (its .md and .png are written next to it), got {out!r}")
+    if os.path.exists(out):
+        try:
+            earlier = read_result(out, "--out")
+        except ValueError as error:
+            parser.error(f"{error}: it would be overwritten; pick another --out")
+        if earlier["task"] != task:
+            parser.error(f"--out {out} holds a {earlier['task']!r} result; this is {task!r}: pick another --out")
+    folder = os.path.dirname(os.path.abspath(out))
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        parser.error(f"--out {out}: {folder} is not a writable folder")
 
 
 def load_earlier(path: str | None, task: str, quick: bool) -> dict:
@@ -98,8 +119,6 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
         except ValueError as error:
             parser.error(str(error))
         return
-    if args.out is not None and (not args.out.endswith(".json") or os.path.isdir(args.out)):
-        parser.error(f"--out must be a .json file path (its .md and .png are written next to it), got {args.out!r}")
     if args.merge_only:
         if not args.merge:
             parser.error("--merge-only needs --merge JSON [JSON ...]")
@@ -118,6 +137,8 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
             if args.task not in quality_tasks.TASKS:
                 parser.error(f"--merge {args.merge[0]}: no benchmark task in it (got {args.task!r}); pass --task")
     args.task = args.task or "20ng"
+    if args.out is not None:
+        check_out(parser, args.out, args.task)
     if args.quick:  # one fraction and seed: the first given, else 0.5 and seed 0
         args.fractions, args.seeds = (args.fractions or [0.5])[:1], (args.seeds or [0])[:1]
     args.fractions = args.fractions or [0.1, 0.3, 0.5]
@@ -134,8 +155,12 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
     bad = [f for f in args.fractions if not (math.isfinite(f) and 0 < f < 1)]
     if bad:
         parser.error(f"--fractions must lie strictly between 0 and 1 (a subset's share of the pool), got {bad}")
-    if any(seed < 0 for seed in args.seeds):
-        parser.error(f"--seeds must be non-negative integers, got {args.seeds}")
+    if any(not 0 <= seed < 2**32 for seed in args.seeds):
+        parser.error(f"--seeds must be integers in [0, 2**32), got {args.seeds}")
+    for name in ("arms", "fractions", "seeds"):
+        values = getattr(args, name)
+        if len(set(values)) != len(values):
+            parser.error(f"--{name} lists a value twice ({values}): each would be trained again")
     for arm in args.arms if arm_config is not None else []:
         try:
             arm_config(arm, args.fractions[0], args.seeds[0] if args.seeds else 0)

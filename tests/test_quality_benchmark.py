@@ -103,7 +103,10 @@ def test_quick_quality_benchmark(tmp_path):
     (["--arms", "cfg:no_such_field=1"], "--arms cfg:no_such_field=1: "),
     (["--arms", "cfg:selection_seed"], "--arms cfg:selection_seed: "),
     (["--fractions", "1.5"], "--fractions must lie strictly between 0 and 1"),
-    (["--seeds", "-1"], "--seeds must be non-negative integers, got [-1]"),
+    (["--arms", "cfg:feature=nope"], "`feature` must be one of"),
+    (["--arms", "cfg:feature_layers=8,feature_layers=4"], "with each ClusterSelectConfig field once"),
+    (["--arms", "random", "random"], "--arms lists a value twice"),
+    (["--seeds", "-1"], "--seeds must be integers in [0, 2**32), got [-1]"),
 ])
 def test_bad_recipe_options_fail_before_any_work(tmp_path, extra, message):
     completed = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--quick", *extra,
@@ -138,6 +141,12 @@ def test_merge_only_needs_out_and_report_takes_no_other_option(tmp_path):
                                capture_output=True, text=True, timeout=300, check=False, env=env)
         assert wrong.returncode == 2 and "--out must be a .json file path" in wrong.stderr
     assert open(committed, encoding="utf-8").read() == before and not (tmp_path / "m.md").exists()
+    # another benchmark's JSON, or another task's result, is never overwritten
+    for other, message in ((ROOT / "benchmarks" / "results" / "probe.json", "not a benchmarks/quality.py result"),
+                           (ROOT / "benchmarks" / "results" / "quality_ni.json", "holds a 'ni' result")):
+        wrong = subprocess.run([sys.executable, script, "--merge-only", "--merge", committed, "--out", str(other)],
+                               capture_output=True, text=True, timeout=300, check=False, env=env)
+        assert wrong.returncode == 2 and message in wrong.stderr and "pick another --out" in wrong.stderr
     # --merge-only takes the task from the file: a MathQA result merged without --task
     out = tmp_path / "m.json"
     merged = subprocess.run([sys.executable, script, "--merge-only", "--merge", committed, "--out", str(out)],
@@ -147,3 +156,19 @@ def test_merge_only_needs_out_and_report_takes_no_other_option(tmp_path):
     assert result["task"] == "mathqa" and result["summary"] == original["summary"]
     assert len(result["cells"]) == len(original["cells"]) == 17
     assert result["commit"] == original["commit"]  # nothing was measured at HEAD
+
+
+def test_cfg_arm_values_are_json_or_strings():
+    """`cfg:` values: JSON where they parse (numbers, true/false/null), else the string (`fine_kmeans`, `full`)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from quality import arm_config
+
+    config = arm_config("cfg:cluster_method=fine_kmeans,within_cluster=facility_location,feature_layers=8,"
+                        "selection_warmup_steps=0,stratify_column=null", 0.3, 2)
+    assert (config.cluster_method, config.within_cluster, config.feature_layers) == ("fine_kmeans",
+                                                                                   "facility_location", 8)
+    assert config.selection_warmup_steps == 0 and config.stratify_column is None
+    assert config.data_fraction == 0.3 and config.selection_seed == 2
+    assert arm_config("random", 0.3, 0) is None
+    with pytest.raises(ValueError, match="each ClusterSelectConfig field once"):
+        arm_config("cfg:feature_layers", 0.3, 0)
