@@ -46,7 +46,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_io  # noqa: E402
 import quality_options  # noqa: E402
 import quality_tasks  # noqa: E402
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
@@ -270,8 +269,9 @@ def plot(rows: list[dict], path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = quality_options.build_parser(__doc__.split("\n\n")[0])
     args = parser.parse_args(argv)
-    quality_options.check_options(parser, args, arm_config)
-    if bench_io.print_report(args.report, markdown):
+    report = quality_options.check_options(parser, args, arm_config)
+    if report is not None:  # --report: print its tables again, nothing else
+        print(markdown(report))
         return 0
     earlier = quality_options.merged_results(parser, args)
     torch.set_num_threads(args.threads or max(1, os.cpu_count() or 1))

@@ -64,9 +64,15 @@ def read_result(path: str, option: str) -> dict:
     return result
 
 
+def given_options(args: argparse.Namespace, names) -> list[str]:
+    """The options among `names` (attribute names) that were given on the command line, as `--flag` strings."""
+    return [f"--{name.replace('_', '-')}" for name in names
+            if getattr(args, name) is not None and getattr(args, name) is not False]
+
+
 def check_out(parser: argparse.ArgumentParser, out: str, task: str) -> None:
     """`--out` must be a new .json path or an earlier result of the same task, in a folder that can be made."""
-    if not out.endswith(".json") or out == ".json" or out.endswith("/.json") or os.path.isdir(out):
+    if os.path.splitext(out)[1] != ".json" or os.path.isdir(out):  # also refuses a bare ".json" name
         parser.error(f"--out must be a .json file path (its .md and .png are written next to it), got {out!r}")
     if os.path.exists(out):
         try:
@@ -82,8 +88,8 @@ def check_out(parser: argparse.ArgumentParser, out: str, task: str) -> None:
         parser.error(f"--out {out}: {folder} is not a writable folder")
 
 
-def load_earlier(path: str | None, task: str, quick: bool) -> dict:
-    """The result JSON `--merge` names (`{}` without one), each cell tagged with the commit it was measured at.
+def load_earlier(path: str, task: str, quick: bool) -> dict:
+    """The result JSON `--merge` names, each cell tagged with the commit it was measured at.
     Cells are matched by (arm, fraction, seed): an arm name whose meaning changed between the commits (`default`
     after a change of defaults) must be renamed in one of the files first.
 
@@ -91,42 +97,41 @@ def load_earlier(path: str | None, task: str, quick: bool) -> dict:
         ValueError: if the file cannot be read or is not a result, holds another task's result, or a `--quick`
             result where this run is not one (or the other way round).
     """
-    if path is None:
-        return {}
     earlier = read_result(path, "--merge")
-    if earlier.get("task") != task:
-        raise ValueError(f"--merge {path}: a result of task {earlier.get('task')!r}, not {task!r}")
+    if earlier["task"] != task:
+        raise ValueError(f"--merge {path}: a result of task {earlier['task']!r}, not {task!r}")
     if bool(earlier.get("quick")) != quick:
         raise ValueError(f"--merge {path}: quick={bool(earlier.get('quick'))} there, quick={quick} here")
-    for cell in earlier.get("cells", []):
+    for cell in earlier["cells"]:
         cell.setdefault("commit", earlier.get("commit"))
     return earlier
 
 
 def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
-                  arm_config: Callable[[str, float, int], object] | None = None) -> None:
+                  arm_config: Callable[[str, float, int], object] | None = None) -> dict | None:
     """Every option error before any work (argparse's message and exit status 2); resolves the defaults of
     `--task` (with `--merge-only`: the first `--merge` file's task), `--fractions`, `--seeds`, `--arms`, `--curve`.
     `--report` takes no other option (it only prints a table). `arm_config(arm, fraction, seed)` (quality.py's) builds
-    each arm's `ClusterSelectConfig`, so that a wrong arm fails here, not after hours of other arms."""
+    each arm's `ClusterSelectConfig`, so that a wrong arm fails here, not after hours of other arms.
+
+    Returns:
+        `dict` or `None`: the `--report` file's result (read once, here), `None` without `--report`.
+    """
     if args.report is not None:
-        given = [f"--{name.replace('_', '-')}" for name, value in vars(args).items()
-                 if name != "report" and value is not None and value is not False]
+        given = given_options(args, [name for name in vars(args) if name != "report"])
         if given:
             parser.error(f"--report only prints a table: {', '.join(given)} would be ignored")
         try:
-            read_result(args.report, "--report")
+            return read_result(args.report, "--report")
         except ValueError as error:
             parser.error(str(error))
-        return
     if args.merge_only:
         if not args.merge:
             parser.error("--merge-only needs --merge JSON [JSON ...]")
         if args.out is None:  # never a silent overwrite of the committed benchmarks/results/quality_<task>.json
             parser.error("--merge-only needs --out JSON (the merged result's path)")
-        ignored = [f"--{name.replace('_', '-')}" for name in ("epochs", "learning_rate", "pool", "curve",
-                                                                "fractions", "seeds", "arms", "threads")
-                   if getattr(args, name) is not None]
+        ignored = given_options(args, ("epochs", "learning_rate", "pool", "curve", "fractions", "seeds", "arms",
+                                       "threads"))
         if ignored:
             parser.error(f"--merge-only runs nothing: {', '.join(ignored)} would be ignored")
         if args.task is None:
@@ -170,6 +175,7 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
     if unknown:
         parser.error(f"--curve names arms this run does not train: {unknown} (arms: {args.arms})")
     args.curve = [a for a in args.arms if a == "full"] if args.curve is None else args.curve
+    return None
 
 
 def merged_results(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
