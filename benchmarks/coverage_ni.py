@@ -47,7 +47,7 @@ def zero_kept(task, feature: str | None) -> dict[str, list[int]]:
     for kpc in (4, 2, 1):
         counts = []
         for seed in SEEDS:
-            c = ClusterSelectConfig(data_fraction=0.1, selection_seed=seed, kept_per_cluster=kpc, feature=feature)
+            c = ClusterSelectConfig(data_fraction=0.1, selection_seed=seed, feature=feature, strategy_kwargs={"kept_per_cluster": kpc})
             r = cluster_features(out.features.numpy(), c, loss_tokens=out.loss_tokens.numpy())
             idx = select_subset(r, c, norms=out.norms.numpy(), losses=out.losses.numpy()).indices
             counts.append(int((np.bincount(groups[idx], minlength=task.n_groups) == 0).sum()))

@@ -68,14 +68,14 @@ def arm_config(arm: str, fraction: float, seed: int) -> ClusterSelectConfig | No
         for item in arm[4:].split(","):
             key, sep, value = item.partition("=")
             if not key or not sep or key in overrides:
-                raise ValueError(f"expected cfg:FIELD=VALUE,... with each ClusterSelectConfig field once, got {item!r}")
+                raise ValueError(f"expected cfg:FIELD=VALUE,... with each ClusterSelectConfig field or strategy setting once, got {item!r}")
             try:  # numbers, true/false/null, lists and dicts as JSON; anything else is a string
                 overrides[key] = json.loads(value)
             except ValueError:
                 overrides[key] = value
     elif arm != "default":
         raise ValueError(f"unknown arm {arm!r}")
-    return ClusterSelectConfig(data_fraction=fraction, selection_seed=seed, **overrides)
+    return ClusterSelectConfig.from_flat(dict(data_fraction=fraction, selection_seed=seed, **overrides))
 
 
 def group_balance(groups: np.ndarray, n_groups: int, indices: np.ndarray, weights: np.ndarray) -> dict:

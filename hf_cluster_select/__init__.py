@@ -7,7 +7,7 @@ from ._types import ClusteringResult, Selection
 from .config import ClusterSelectConfig
 from .reporting.report import SelectionReport
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "ClusterSelectConfig",

@@ -94,3 +94,34 @@ class Selection:
         unweighted data (so the learning rate keeps its meaning) while the kept set keeps the full-data mixture.
         """
         return self.weights * (self.n_kept / self.n_total)
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a run resolves once, before any model work (`run.resolve_run_facts`, called by `ClusterTrainer.plan()`
+    and the `select` command), and every later stage reads instead of deciding again.
+
+    Attributes:
+        shift_labels (`bool`): whether position `t` predicts `labels[t + 1]` (causal LM); features, checks and the
+            weighted loss all follow it.
+        feature (`str`): the registered signal computed (`feature="auto"` resolved for the model).
+        feature_layers (`int` or `None`): transformer blocks the feature pass really runs (`None` = all).
+        feature_used (`str`): the feature as the report and card state it (`"hidden_mean after 20 blocks"`).
+        loss_weighted (`bool`): whether training losses can carry weights other than 1 (`data_fraction` < 1, or an
+            allocation that re-weights even the full data, CluSTER's): then every loss path must apply them.
+        strata (`tuple` of length `n_examples` or `None`): the `stratify_column` value of every example.
+        token_digest (`str` or `None`): `data.token_digest` of the training data (part of the data fingerprint).
+        model_config (`dict` or `None`): `feature_cache.model_config_dict` of the trained model (resume checks).
+        n_dropped_by_preparation (`int` or `None`): examples the trainer's data preparation dropped before
+            selection (TRL: no loss-bearing token after truncation); `None` = no such step.
+    """
+
+    shift_labels: bool
+    feature: str
+    feature_layers: int | None
+    feature_used: str
+    loss_weighted: bool
+    strata: tuple | None = None
+    token_digest: str | None = None
+    model_config: dict | None = None
+    n_dropped_by_preparation: int | None = None

@@ -1,23 +1,20 @@
 """Command-line parsing of `TrainingArguments` (or TRL's `SFTConfig`) together with `ClusterSelectConfig` (layer L5).
 
-No `ClusterSelectConfig` field collides with `TrainingArguments` or `SFTConfig` (0.2 renamed `warmup_steps` and
-`seed` to `selection_warmup_steps` and `selection_seed`), so the usual parser works as is:
+No `ClusterSelectConfig` field collides with `TrainingArguments` or `SFTConfig`, so the usual parser works as is
+(strategy settings as JSON: `--strategy_kwargs '{"pca_dim": 32}'`):
 
     training_args, cluster_config = HfArgumentParser((TrainingArguments, ClusterSelectConfig)).parse_args_into_dataclasses()
 
-`parse_training_and_cluster_args` does the same and still reads the 0.1 `--cluster_<field>` options (with a
-`FutureWarning`). `python -m hf_cluster_select.cli` is the `hf-cluster-select` command (`hf_cluster_select.commands`).
+`parse_training_and_cluster_args` does the same. `python -m hf_cluster_select.cli` is the `hf-cluster-select` command (`hf_cluster_select.commands`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import warnings
 from typing import Sequence
 
 from transformers import HfArgumentParser, TrainingArguments
 
-from .config import RENAMED_FIELDS, ClusterSelectConfig
+from .config import ClusterSelectConfig
 
 
 
@@ -25,30 +22,6 @@ def make_parser(*extra_dataclasses: type, training_args_class: type = TrainingAr
     """An `HfArgumentParser` for `training_args_class` (`TrainingArguments`, `SFTConfig`, ...), `ClusterSelectConfig`
     and any of your own argument dataclasses (`extra_dataclasses`)."""
     return HfArgumentParser((training_args_class, ClusterSelectConfig, *extra_dataclasses))
-
-
-def _upgrade_legacy_options(args: Sequence[str]) -> list[str]:
-    """0.1's `--cluster_<field>` options (also `--cluster-<field>`, and `--no_cluster_<bool>` /
-    `--no-cluster-<bool>`) as the plain field options (`--cluster_seed` → `--selection_seed`); an option that is
-    itself a field (`--cluster_method`, `--cluster_sample_size`) is left alone."""
-    fields = {f.name for f in dataclasses.fields(ClusterSelectConfig)}
-    upgraded, legacy = [], []
-    for arg in args:
-        name, sep, value = arg.partition("=")
-        plain = name.replace("-", "_")
-        negated = plain.startswith("__no_cluster_")
-        prefix = "__no_cluster_" if negated else "__cluster_"
-        if plain.startswith(prefix) and plain[2:].removeprefix("no_") not in fields:
-            field = RENAMED_FIELDS.get(plain[len(prefix):], plain[len(prefix):])
-            if field in fields:
-                legacy.append(name)
-                arg = f"--{'no_' if negated else ''}{field}{sep}{value}"
-        upgraded.append(arg)
-    if legacy:
-        warnings.warn(f"the `--cluster_` options are deprecated and will be removed in 0.3 ({', '.join(legacy)}): "
-                      "use the field names (`--data_fraction`, `--selection_warmup_steps`, `--selection_seed`).",
-                      FutureWarning, stacklevel=3)
-    return upgraded
 
 
 def parse_training_and_cluster_args(
@@ -73,7 +46,7 @@ def parse_training_and_cluster_args(
 
         args = sys.argv[1:]
     parser = make_parser(*extra_dataclasses, training_args_class=training_args_class)
-    return tuple(parser.parse_args_into_dataclasses(args=_upgrade_legacy_options(args)))
+    return tuple(parser.parse_args_into_dataclasses(args=list(args)))
 
 
 if __name__ == "__main__":  # `python -m hf_cluster_select.cli` is the `hf-cluster-select` command

@@ -10,7 +10,8 @@ over the feature batches, one line per phase) and writes to `--output`: the data
 `raw_cluster_id` (-1 = HDBSCAN noise), `weight` (0 when not kept) and `kept` columns (`datasets.save_to_disk` in
 `DIR/dataset`, and `DIR/selection.parquet`), `selection_report.json`, `cluster_selection.npz` (for
 `ClusterTrainer(selection=DIR)`), the model-card section and the cluster-size plot. Every `ClusterSelectConfig`
-field is an option (`--data-fraction`, `--within-cluster`, ...; `None` sets a field to None); `--help` lists them.
+field is an option (`--data-fraction`, `--within-cluster`, `--strategy-kwargs '{"pca_dim": 32}'`, ...; `None` sets
+a field to None); `--help` lists them.
 """
 
 from __future__ import annotations
@@ -22,41 +23,65 @@ import os
 import sys
 from typing import Any, Sequence
 
-from .config import OPTIONAL_NUMBERS, RENAMED_FIELDS, ClusterSelectConfig
+from .config import ClusterSelectConfig
 
 TEXT_PREVIEW = 120  # characters of each example shown by `report`
 
 
+def _setting_fields() -> dict[str, dataclasses.Field]:
+    """Every setting of every registered strategy (`registry.STAGES`), by name (the first strategy's field)."""
+    from .registry import STAGES
+
+    found: dict[str, dataclasses.Field] = {}
+    for table in STAGES.values():
+        for strategy in table.names():
+            for field in dataclasses.fields(table.settings_class(strategy)):
+                found.setdefault(field.name, field)
+    return found
+
+
 def _config_options(parser: argparse.ArgumentParser) -> None:
-    """One `--field-name` option per `ClusterSelectConfig` field, with its help text and default."""
+    """One `--field-name` option per `ClusterSelectConfig` field and one per strategy setting (derived from the
+    registries: a strategy a user registered brings its options), with their help texts and defaults."""
     group = parser.add_argument_group("selection settings (ClusterSelectConfig)")
-    old_names = {new: old for old, new in RENAMED_FIELDS.items()}
     for field in dataclasses.fields(ClusterSelectConfig):
         default = field.default if field.default is not dataclasses.MISSING else None
-        names = ["--" + field.name.replace("_", "-")]
-        if field.name in old_names:  # `--seed` / `--warmup-steps`: nothing collides here
-            names.append("--" + old_names[field.name].replace("_", "-"))
-        kind = OPTIONAL_NUMBERS.get(field.name)
-        metavar = f"{kind.__name__.upper()}|None" if kind else str(field.type).split(" |")[0].upper()
-        group.add_argument(*names, dest="cfg_" + field.name, default=default, metavar=metavar,
-                           choices=field.metadata.get("choices"),
+        group.add_argument("--" + field.name.replace("_", "-"), dest="cfg_" + field.name, default=default,
+                           metavar=_metavar(field), choices=field.metadata.get("choices"),
                            help=f"{field.metadata.get('help', '')} (default: {default!r})")
+    settings = parser.add_argument_group("strategy settings (strategy_kwargs; each applies to the strategies that "
+                                         "take it, docs/configuration.md)")
+    for name, field in _setting_fields().items():
+        settings.add_argument("--" + name.replace("_", "-"), dest="set_" + name, default=SUPPRESS_SETTING,
+                              metavar=_metavar(field), choices=field.metadata.get("choices"),
+                              help=f"{field.metadata.get('help', '')} (default: {field.default!r})")
+
+
+SUPPRESS_SETTING = object()  # a strategy setting left unset: the strategy's default applies
+
+
+def _metavar(field: dataclasses.Field) -> str:
+    kind = str(field.type).split(" |")[0]
+    return "JSON" if kind == "dict" else kind.upper() + ("|None" if "None" in str(field.type) else "")
 
 
 TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 
 def _parse_value(name: str, text: Any, default: Any) -> Any:
-    """Command-line text of field `name` as its value: bool fields strictly (true/false, yes/no, 1/0, on/off),
-    text fields (and the optional numbers, which `ClusterSelectConfig` parses itself) as given, numbers by type."""
+    """Command-line text of field or setting `name` as its value: bool ones strictly (true/false, yes/no, 1/0,
+    on/off), `None` as None where the default is None or a number, text fields (and the ones
+    `ClusterSelectConfig` parses itself: `selection_warmup_steps`, `strategy_kwargs`) as given, numbers by type."""
     if not isinstance(text, str):
         return text
     if isinstance(default, bool):
         if text.lower() not in TRUE + FALSE:
             raise ValueError(f"`--{name.replace('_', '-')}` must be true or false (yes/no, 1/0), got {text!r}.")
         return text.lower() in TRUE
-    if name in OPTIONAL_NUMBERS or isinstance(default, str) or name == "stratify_column":
+    if name in ("selection_warmup_steps", "strategy_kwargs", "stratify_column") or isinstance(default, str):
         return None if name == "stratify_column" and text == "None" else text
+    if text.strip().lower() in ("none", "null"):
+        return None
     for kind in (int, float):
         try:
             return kind(text)
@@ -66,12 +91,17 @@ def _parse_value(name: str, text: Any, default: Any) -> Any:
 
 
 def config_from_args(args: argparse.Namespace) -> ClusterSelectConfig:
-    """The `ClusterSelectConfig` of the parsed `--field-name` options (ValueError/TypeError from the config)."""
+    """The `ClusterSelectConfig` of the parsed options: the fields, and the strategy settings that were given
+    (`ClusterSelectConfig.from_flat`). Raises ValueError/TypeError from the config."""
     values = {}
     for field in dataclasses.fields(ClusterSelectConfig):
         default = field.default if field.default is not dataclasses.MISSING else None
         values[field.name] = _parse_value(field.name, getattr(args, "cfg_" + field.name), default)
-    return ClusterSelectConfig(**values)
+    for name, field in _setting_fields().items():
+        given = getattr(args, "set_" + name, SUPPRESS_SETTING)
+        if given is not SUPPRESS_SETTING:
+            values[name] = _parse_value(name, given, field.default)
+    return ClusterSelectConfig.from_flat(values)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,7 +11,6 @@ import argparse
 import functools
 import json
 import os
-import time
 from typing import Any
 
 import numpy as np
@@ -42,6 +41,20 @@ def load_rows(path: str, split: str):
     if not os.path.isfile(path) or kind is None:
         raise ValueError(f"`--dataset` must be a {sorted(kinds)} file or a save_to_disk folder, got {path!r}.")
     return datasets.load_dataset(kind, data_files=path, split="train")
+
+
+def _strata(rows, column: str | None) -> list | None:
+    """The `--stratify-column` value of every row (`None` without one).
+
+    Raises:
+        ValueError: if the dataset has no such column.
+    """
+    if column is None:
+        return None
+    if column not in rows.column_names:
+        raise ValueError(f"`--stratify-column` {column!r} is not a column of the dataset (columns: "
+                         f"{rows.column_names}).")
+    return list(rows[column])
 
 
 def tokenize(rows, tokenizer, args: argparse.Namespace) -> tuple[list[dict], list[str]]:
@@ -101,55 +114,49 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .clock import PhaseClock
+    from .collate import pad_collate
     from .data import token_digest
-    from .demo.mathqa import pad_collate
     from .feature_cache import FeatureCache, feature_identity
     from .persistence import data_fingerprint, save_selection
-    from .features import describe_feature, feature_used
-    from .pipeline import cached_or_computed_features
-    from .reporting.feature_map import feature_map_points
+    from .pipeline import select_with_model
     from .reporting.outputs import write_report_files
     from .reporting.report import SelectionReport
-    from .selection import cluster_features, select_subset
+    from .run import resolve_run_facts
 
     if not os.path.isdir(args.model):
         raise ValueError(f"`--model` must be a model folder, got {args.model!r}.")
     rows = load_rows(args.dataset, args.split)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     examples, texts = tokenize(rows, tokenizer, args)  # bad columns fail before the model loads
+    strata = _strata(rows, config.stratify_column)
     print(f"[1/4] data: {len(examples)} examples from {args.dataset}", flush=True)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     if torch.cuda.is_available():
         model = model.cuda()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     lengths = np.asarray([len(e["input_ids"]) for e in examples])
-    fingerprint = data_fingerprint(lengths, token_digest(datasets.Dataset.from_list(examples)))
+    digest = token_digest(datasets.Dataset.from_list(examples))
+    fingerprint = data_fingerprint(lengths, digest)
+    facts = resolve_run_facts(model, config, shift_labels=True, token_digest=digest, strata=strata)
     collate = functools.partial(pad_collate, pad_token_id=pad)
-    start = time.perf_counter()
-    identity = feature_identity(model, config, data_fingerprint=fingerprint, collator=collate, tokenizer=tokenizer,
-                                shift_labels=True) if config.feature_cache else None
-    feature = describe_feature(*feature_used(model, config.feature, config.feature_layers))
-    print(f"[2/4] features ({feature})", flush=True)
-    cache = FeatureCache()
-    features, loss_tokens, norms, losses, from_cache = cached_or_computed_features(
-        model, examples, collate, config=config, n=len(examples), lengths=lengths, batch_size=args.batch_size,
-        shift_labels=True, show_progress=True, cache=cache, identity=identity)
-    if from_cache:
-        print(f"      loaded from the feature cache {cache.directory}", flush=True)
-    features_seconds = time.perf_counter() - start
-    print(f"[3/4] clustering and selection ({config.cluster_method}, {config.within_cluster})", flush=True)
-    start = time.perf_counter()
-    result = cluster_features(np.asarray(features), config, loss_tokens=loss_tokens)
-    chosen = select_subset(result, config, norms=norms, losses=losses, lengths=lengths)
-    clustering_seconds = time.perf_counter() - start
-    report = SelectionReport.from_results(
-        result, chosen, config, tokens_total=int(loss_tokens.sum()),
-        tokens_kept=int(loss_tokens[chosen.indices].sum()), token_kind="loss",
-        input_tokens_total=int(lengths.sum()), input_tokens_kept=int(lengths[chosen.indices].sum()),
-        features_seconds=features_seconds, clustering_seconds=clustering_seconds,
-        selection_seconds=features_seconds + clustering_seconds, warmup_steps=0, warmup_seconds=0.0,
-        features_from_cache=from_cache, feature_map=feature_map_points(features, config.selection_seed),
-        feature_used=feature)
+    identity = feature_identity(model, config, facts, data_fingerprint=fingerprint, collator=collate,
+                                tokenizer=tokenizer) if config.feature_cache else None
+    cache, clock = FeatureCache(), PhaseClock()
+    print(f"[2/4] features ({facts.feature_used}) → clusters ({config.cluster_method}) → selection "
+          f"({config.within_cluster})", flush=True)
+    outcome = select_with_model(model, examples, collate, config=config, facts=facts, lengths=lengths, clock=clock,
+                                batch_size=args.batch_size, identity=identity, cache=cache)
+    if outcome.features_from_cache:
+        print(f"      features loaded from the feature cache {cache.directory}", flush=True)
+    result, chosen, losses = outcome.clustering, outcome.selection, outcome.losses
+    report = SelectionReport.build(result, chosen, config, lengths=lengths, loss_tokens=outcome.loss_tokens,
+                                   clock=clock, features_from_cache=outcome.features_from_cache,
+                                   feature_used=facts.feature_used, feature_map=outcome.feature_map,
+                                   warmup_steps=0, warmup_seconds=0.0)  # no training: no warm-up
+    features_seconds, clustering_seconds = report.features_seconds, report.clustering_seconds
+    print(f"[3/4] kept {chosen.n_kept} of {len(examples)} examples in {result.n_clusters} clusters "
+          f"(features {features_seconds:.1f} s, clustering and selection {clustering_seconds:.1f} s)", flush=True)
     print(f"[4/4] writing {args.output}", flush=True)
     os.makedirs(args.output, exist_ok=True)
     weights = np.zeros(len(examples))

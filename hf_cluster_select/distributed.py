@@ -149,8 +149,3 @@ def gather_floats(values: Sequence[float]) -> torch.Tensor:
     dist.all_gather(rows, local)
     return torch.cat(rows).cpu()
 
-
-def barrier() -> None:
-    """Wait for every rank (no-op without a process group)."""
-    if is_distributed():
-        dist.barrier()

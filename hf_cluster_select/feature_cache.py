@@ -11,7 +11,7 @@ part computes them again. The key is the SHA-1 of:
   sum and sum of squares of all its values and a strided sample of ≤ 4,096 raw values; after the warm-up, so a
   different warm-up misses);
 - the tokenizer (`tokenizer_digest`: class and vocabulary), when the trainer has one;
-- every `ClusterSelectConfig` field that changes features (`FEATURE_FIELDS`) and whether labels are shifted.
+- every setting that changes features (`FEATURE_FIELDS`, from `ClusterSelectConfig.resolved()`) and whether labels are shifted.
 
 Entries are folders of `.npy` files (the feature matrix is memory-mapped on load) written under a temporary name
 and renamed, so a killed write never leaves a half entry. The folder is `$HF_CLUSTER_SELECT_CACHE`, else
@@ -34,7 +34,7 @@ import torch
 
 from . import distributed
 from .config import ClusterSelectConfig
-from .features.choice import feature_used
+from ._types import RunFacts
 
 CACHE_ENV = "HF_CLUSTER_SELECT_CACHE"
 FEATURE_FIELDS = ("feature", "feature_context", "projection_dim", "feature_layers", "selection_seed")
@@ -107,11 +107,12 @@ def tokenizer_digest(tokenizer: Any) -> str | None:
     return _sha1([type(tokenizer).__name__, sorted(get_vocab().items())])
 
 
-def feature_identity(model: torch.nn.Module, config: ClusterSelectConfig, *, data_fingerprint: str,
-                     collator: Any = None, tokenizer: Any = None, shift_labels: bool | None = None) -> dict | None:
+def feature_identity(model: torch.nn.Module, config: ClusterSelectConfig, facts: RunFacts, *, data_fingerprint: str,
+                     collator: Any = None, tokenizer: Any = None) -> dict | None:
     """Every part of the cache key, identical on every rank (the weight digests of all ranks are combined: FSDP
-    shards hash their own part); `None` when the weights cannot be hashed (see `weights_digest`). Collective under
-    torch.distributed: every rank must call it."""
+    shards hash their own part); `None` when the weights cannot be hashed (see `weights_digest`). The resolved
+    feature, its blocks and the label shift come from the run's `facts`. Collective under torch.distributed: every
+    rank must call it."""
     local = weights_digest(model)
     digests = distributed.gather_objects(local)
     if any(d is None for d in digests):
@@ -122,9 +123,9 @@ def feature_identity(model: torch.nn.Module, config: ClusterSelectConfig, *, dat
         "model_config": _sha1(model_config_dict(model)),
         "weights": _sha1(digests),
         "tokenizer": tokenizer_digest(tokenizer),
-        "settings": {name: getattr(config, name) for name in FEATURE_FIELDS},
-        "resolved_feature": list(feature_used(model, config.feature, config.feature_layers)),
-        "shift_labels": shift_labels,
+        "settings": {name: config.resolved()[name] for name in FEATURE_FIELDS},
+        "resolved_feature": [facts.feature, facts.feature_layers],
+        "shift_labels": facts.shift_labels,
         "world_size": len(digests),
     }
 

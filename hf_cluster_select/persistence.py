@@ -24,7 +24,7 @@ import numpy as np
 
 from ._types import Selection
 from .atomic import atomic_open, temporary_pattern
-from .config import upgrade_config_dict
+from .config import ClusterSelectConfig
 
 SELECTION_FILENAME = "cluster_selection.npz"
 TRAINER_STATE_FILENAME = "trainer_state.json"  # transformers' TRAINER_STATE_NAME, written last into a checkpoint
@@ -55,10 +55,21 @@ def data_fingerprint(lengths: np.ndarray, tokens: str | None = None) -> str:
 NOT_SELECTION_FIELDS = frozenset({"balance_tokens", "balance_window", "feature_batch_size"})
 
 
+def _resolved(values: dict) -> dict:
+    """`ClusterSelectConfig.resolved()` of a `to_dict()`; where it does not build (a strategy not registered in
+    this process), its fields with `strategy_kwargs` flattened in."""
+    try:
+        return ClusterSelectConfig.from_dict(values).resolved()
+    except (ValueError, TypeError):
+        flat = dict(values)
+        flat.update(flat.pop("strategy_kwargs", None) or {})
+        return flat
+
+
 def config_differences(saved: dict, current: dict, ignore: tuple[str, ...] = ()) -> list[str]:
-    """`field: saved in the checkpoint, current now` for every selection-relevant `ClusterSelectConfig` field that
-    differs (fields missing on one side, from another version, and the fields in `ignore` are skipped)."""
-    saved, current = upgrade_config_dict(saved), upgrade_config_dict(current)  # 0.1 names
+    """`field: saved in the checkpoint, current now` for every selection-relevant `ClusterSelectConfig` field or
+    strategy setting (`ClusterSelectConfig.resolved()`) that differs (fields missing on one side, from another version, and the fields in `ignore` are skipped)."""
+    saved, current = _resolved(saved), _resolved(current)
     skip = NOT_SELECTION_FIELDS | set(ignore)
     return [f"{name}: {saved[name]!r} in the checkpoint, {current[name]!r} now"
             for name in sorted(set(saved) & set(current)) if name not in skip and saved[name] != current[name]]

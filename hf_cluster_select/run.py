@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ._types import Selection
+from ._types import RunFacts, Selection
 from .batching.allocations import get_allocation
 from .batching.padding import plan_padded_tokens, random_batch_padded_tokens
 from .batching.plan import micro_steps_capacity
@@ -28,11 +28,36 @@ from .batching.sampler import ClusterBatchSampler
 from .clock import PhaseClock
 from .config import ClusterSelectConfig
 from .feature_cache import FeatureCache, feature_identity
+from .features.choice import describe_feature, feature_used
 from .persistence import SavedSelection, config_differences, data_fingerprint, save_selection
 from .pipeline import select_with_model
 from .reporting.report import SelectionReport
 from .schedule import StepPlan, plan_steps, resolve_warmup_steps
 from .selection.budget import selection_budget
+
+
+def resolve_run_facts(model: torch.nn.Module, config: ClusterSelectConfig, *, shift_labels: bool,
+                      strata: Sequence[Any] | None = None, token_digest: str | None = None,
+                      model_config: dict | None = None, n_dropped_by_preparation: int | None = None) -> RunFacts:
+    """The facts of a run, resolved once: the feature for `model` (`feature="auto"` per model, blocks really run,
+    `features/choice.py`) and whether losses are weighted, with the facts the caller measured.
+
+    Args:
+        model (`torch.nn.Module`): the model the features come from (the feature model when there is one).
+        config (`ClusterSelectConfig`): the selection settings.
+        shift_labels (`bool`): whether the model predicts `labels[t + 1]` at position `t`.
+        strata, token_digest, model_config, n_dropped_by_preparation: see `RunFacts`.
+    Returns:
+        `RunFacts`.
+    Raises:
+        TypeError: if `feature="auto"` and the model has no output head.
+    """
+    feature, layers = feature_used(model, config.feature, config.feature_settings.feature_layers)
+    weighted = config.data_fraction < 1.0 or get_allocation(config.allocation).weights_full_data
+    return RunFacts(shift_labels=bool(shift_labels), feature=feature, feature_layers=layers,
+                    feature_used=describe_feature(feature, layers), loss_weighted=bool(weighted),
+                    strata=None if strata is None else tuple(strata), token_digest=token_digest,
+                    model_config=model_config, n_dropped_by_preparation=n_dropped_by_preparation)
 
 
 def _warn_if_subset_unseen(plan: StepPlan, config: ClusterSelectConfig) -> None:
@@ -53,6 +78,8 @@ class SelectionRun:
 
     Args:
         config (`ClusterSelectConfig`): the selection settings.
+        facts (`RunFacts`): what the run resolved once (`resolve_run_facts`): feature, label shift, strata, data
+            digest, model config; features, validation, the weighted loss and the resume checks all read it.
         lengths (array-like of shape `[n_examples]`, int): tokens of every training example (>= 1).
         world_size (`int`): data-parallel ranks.
         per_device_batch_size (`int`): examples per per-device batch.
@@ -61,11 +88,6 @@ class SelectionRun:
         max_steps (`int`, *optional*, defaults to `-1`): total optimizer steps, warm-up included.
         lr_warmup_steps (`float`, *optional*, defaults to `0`): `TrainingArguments.warmup_steps` (a step count, or a
             ratio below 1); the warm-up on the full data when `config.selection_warmup_steps` is `None`.
-        shift_labels (`bool`, *optional*, defaults to `True`): whether position `t` predicts `labels[t + 1]` (causal
-            LM). Decided once, here; features, validation and the weighted loss all read `self.shift_labels`.
-        strata (sequence of length `n_examples`, *optional*): `config.stratify_column`'s value of every example.
-        token_digest (`str`, *optional*): `data.token_digest` of the training data, so that resuming with other data
-            of the same lengths is refused (the fingerprint covers the tokens, not only the lengths).
         clock (`PhaseClock`, *optional*): the run's clock (a fresh one by default).
     Raises:
         ValueError: for a plan that cannot run (see `schedule.plan_steps`) or an allocation that cannot run on this
@@ -75,6 +97,7 @@ class SelectionRun:
     def __init__(
         self,
         config: ClusterSelectConfig,
+        facts: RunFacts,
         *,
         lengths: Sequence[int],
         world_size: int,
@@ -83,20 +106,17 @@ class SelectionRun:
         num_train_epochs: float,
         max_steps: int = -1,
         lr_warmup_steps: float = 0,
-        shift_labels: bool = True,
-        strata: Sequence[Any] | None = None,
-        token_digest: str | None = None,
         clock: PhaseClock | None = None,
-        model_config: dict | None = None,
     ) -> None:
         if not isinstance(config, ClusterSelectConfig):
             raise TypeError(f"`config` must be a ClusterSelectConfig, got {type(config).__name__}.")
-        self.config = config
+        if not isinstance(facts, RunFacts):
+            raise TypeError(f"`facts` must be a RunFacts (resolve_run_facts), got {type(facts).__name__}.")
+        self.config, self.facts = config, facts
         self.lengths = np.maximum(np.asarray(lengths, dtype=np.int64).reshape(-1), 1)
-        self.shift_labels = bool(shift_labels)
-        if strata is not None and len(strata) != self.lengths.size:
-            raise ValueError(f"`strata` must hold one value per example ({self.lengths.size}), got {len(strata)}.")
-        self.strata = None if strata is None else list(strata)
+        if facts.strata is not None and len(facts.strata) != self.lengths.size:
+            raise ValueError(f"`strata` must hold one value per example ({self.lengths.size}), got "
+                             f"{len(facts.strata)}.")
         self.clock = clock if clock is not None else PhaseClock()
         self.allocation = get_allocation(config.allocation)
         self.allocation.check(world_size, config)
@@ -109,9 +129,7 @@ class SelectionRun:
         n_kept = selection_budget(n, config.data_fraction)
         self.plan: StepPlan = self._plan(n_kept, self._warmup_steps(n, n_kept, lr_warmup_steps))
         _warn_if_subset_unseen(self.plan, config)
-        self.fingerprint = data_fingerprint(self.lengths, token_digest)
-        self.model_config = model_config
-        self._legacy_fingerprint = data_fingerprint(self.lengths)  # v0.1 checkpoints: lengths only
+        self.fingerprint = data_fingerprint(self.lengths, facts.token_digest)
         self.selection: Selection | None = None
         self.labels: np.ndarray | None = None  # cluster of every example
         self.raw_labels: np.ndarray | None = None  # clusterer label of every example (-1 = noise)
@@ -176,8 +194,9 @@ class SelectionRun:
         plan, config = self.plan, self.config
         return ClusterBatchSampler(
             indices=indices, labels=labels, lengths=self.lengths[np.asarray(indices)], world_size=plan.world_size,
-            per_device_batch_size=plan.per_device_batch_size, seed=config.selection_seed, balance_tokens=config.balance_tokens,
-            window=config.balance_window, allocation=allocation, num_batches=num_batches,
+            per_device_batch_size=plan.per_device_batch_size, seed=config.selection_seed,
+            balance_tokens=config.allocation_settings.balance_tokens,
+            window=config.allocation_settings.balance_window, allocation=allocation, num_batches=num_batches,
             batches_per_rank=batches_per_rank,
         )
 
@@ -199,19 +218,37 @@ class SelectionRun:
         """
         identity = cache = None
         if self.config.feature_cache and self.config.data_fraction < 1.0:
-            identity = feature_identity(model, self.config, data_fingerprint=self.fingerprint, collator=collator,
-                                        tokenizer=tokenizer, shift_labels=self.shift_labels)
+            identity = feature_identity(model, self.config, self.facts, data_fingerprint=self.fingerprint,
+                                        collator=collator, tokenizer=tokenizer)
             cache = FeatureCache()
         outcome = select_with_model(
-            model, dataset, collator, config=self.config, plan=self.plan, lengths=self.lengths, clock=self.clock,
-            batch_size=batch_size, shift_labels=self.shift_labels,
-            merge_unclusterable=self.allocation.exact_clusters, strata=self.strata, show_progress=show_progress,
+            model, dataset, collator, config=self.config, facts=self.facts, lengths=self.lengths, clock=self.clock,
+            batch_size=batch_size, merge_unclusterable=self.allocation.exact_clusters, show_progress=show_progress,
             identity=identity, cache=cache,
         )
-        self.adopt(outcome.selection, outcome.labels, outcome.raw_labels, outcome.report)
-        self.report.selected_steps = self.plan.selected_steps  # re-planned when the allocation sets the batch count
-        self.pending_metrics = self.report.summary_metrics()
-        return self.report
+        self.adopt(outcome.selection, outcome.clustering.labels, outcome.clustering.raw_labels)  # may re-plan
+        report = SelectionReport.build(
+            outcome.clustering, outcome.selection, self.config, lengths=self.lengths, loss_tokens=outcome.loss_tokens,
+            plan=self.plan, clock=self.clock, features_from_cache=outcome.features_from_cache,
+            feature_used=self.facts.feature_used if outcome.loss_tokens is not None else None,
+            feature_map=outcome.feature_map, n_dropped_by_preparation=self.facts.n_dropped_by_preparation)
+        self._take_report(report)
+        return report
+
+    def adopt_given(self, saved: SavedSelection) -> None:
+        """Train on a selection another run made (`ClusterTrainer(selection=...)`): the checks of a resume, except
+        that it may have had a warm-up and may come from another model; its report `for_reuse` (nothing paid here
+        for warm-up, features or clustering).
+
+        Raises:
+            ValueError: see `check_saved`.
+        """
+        self.adopt_saved(saved, ignore=("selection_warmup_steps",), check_model=False)
+        if self.report is not None:
+            self._take_report(self.report.for_reuse(self.plan))
+
+    def _take_report(self, report: SelectionReport) -> None:
+        self.report, self.pending_metrics = report, report.summary_metrics()
 
     def adopt(self, selection: Selection, labels: Any, raw_labels: Any, report: SelectionReport | None = None) -> None:
         """Take `selection` as this run's: per-example loss weights, the subset sampler and (for an allocation that
@@ -238,7 +275,9 @@ class SelectionRun:
                 f"{plan.selected_steps_per_epoch} steps per epoch can hold at 4 × per_device_train_batch_size per batch "
                 "(the kept examples are much shorter than average): use budget_unit='examples', or raise "
                 "per_device_train_batch_size or data_fraction.")
-        self.selection, self.report = selection, report if report is not None else self.report
+        self.selection = selection
+        if report is not None:
+            self.report = report
         self.labels, self.raw_labels = np.asarray(labels, dtype=np.int64), np.asarray(raw_labels, dtype=np.int64)
         batches = plan.selected_batches_per_epoch if by_tokens else self.allocation.batches_per_rank(
             selection.labels, plan.world_size, plan.per_device_batch_size)
@@ -270,7 +309,7 @@ class SelectionRun:
                 a `ClusterSelectConfig` that selects differently, or (`check_model`) for a model of another class or
                 config (`feature_cache.model_config_dict`) — the fields that differ are named.
         """
-        if saved.fingerprint not in (self.fingerprint, self._legacy_fingerprint):
+        if saved.fingerprint != self.fingerprint:
             raise ValueError(
                 "the selection saved in the checkpoint was made on different training data (fingerprint mismatch); "
                 "resume with the same `train_dataset` or start a new run."
@@ -282,8 +321,8 @@ class SelectionRun:
                 + "; ".join(changed) + "); resume with the same `cluster_config`, or start a new run (no "
                 "`resume_from_checkpoint`) to select again."
             )
-        if check_model and saved.extra.get("model_config") and self.model_config:
-            old, new = saved.extra["model_config"], self.model_config
+        if check_model and saved.extra.get("model_config") and self.facts.model_config:
+            old, new = saved.extra["model_config"], self.facts.model_config
             changed = [f"{k}: {old.get(k, '(unset)')!r} in the checkpoint, {new.get(k, '(unset)')!r} now"
                        for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
             if changed:
@@ -318,7 +357,7 @@ class SelectionRun:
         return save_selection(
             folder, self.selection, labels=self.labels, raw_labels=self.raw_labels, config=self.config.to_dict(),
             fingerprint=self.fingerprint, extra={"report": self.report.to_dict() if self.report else None,
-                                                 "model_config": self.model_config},
+                                                 "model_config": self.facts.model_config},
         )
 
     def finalize_report(self, measured_full_seconds: float | None = None) -> SelectionReport | None:
@@ -326,13 +365,10 @@ class SelectionRun:
         (measured when `measured_full_seconds` is given, else estimated: see `SelectionReport.apply_savings`)."""
         if self.report is None:
             return None
-        self.report.warmup_seconds = self.clock.measured("warmup") or 0.0
-        self.report.training_seconds = self.clock.measured("training") or 0.0
+        padded = {}
         if self.subset_sampler is not None:  # the cost of a step: padded tokens, stock full-data vs this subset
             sampler = self.subset_sampler
-            self.report.padded_tokens_per_batch_full = random_batch_padded_tokens(
-                self.lengths, self.plan.per_device_batch_size, seed=self.config.selection_seed)
-            self.report.padded_tokens_per_batch_selected = plan_padded_tokens(sampler.lengths, sampler.plan(1))
-        self.report.total_seconds = None
-        self.report.apply_savings(measured_full_seconds)
-        return self.report
+            padded = dict(padded_tokens_per_batch_full=random_batch_padded_tokens(
+                self.lengths, self.plan.per_device_batch_size, seed=self.config.selection_seed),
+                padded_tokens_per_batch_selected=plan_padded_tokens(sampler.lengths, sampler.plan(1)))
+        return self.report.finalize(self.clock, measured_full_seconds=measured_full_seconds, **padded)

@@ -127,30 +127,7 @@ def plan_steps(
         ValueError: if a count is out of range, the dataset or subset is smaller than one global batch, or
             `warmup_steps` leaves no step for the selected data.
     """
-    for name, value, minimum in (
-        ("n_examples", n_examples, 1),
-        ("world_size", world_size, 1),
-        ("per_device_batch_size", per_device_batch_size, 1),
-        ("gradient_accumulation_steps", gradient_accumulation_steps, 1),
-        ("warmup_steps", warmup_steps, 0),
-    ):
-        if value < minimum:
-            raise ValueError(f"`{name}` must be >= {minimum}, got {value}.")
-    if not 1 <= n_kept <= n_examples:
-        raise ValueError(f"`n_kept` must be in [1, n_examples={n_examples}], got {n_kept}.")
-    global_batch = world_size * per_device_batch_size * gradient_accumulation_steps
-    if n_examples < global_batch:
-        raise ValueError(
-            f"the training dataset has {n_examples} examples, fewer than one global batch of {global_batch} "
-            f"(world_size {world_size} × per_device_train_batch_size {per_device_batch_size} × "
-            f"gradient_accumulation_steps {gradient_accumulation_steps}); use a smaller batch or more data."
-        )
-    if n_kept < global_batch:
-        raise ValueError(
-            f"the selected subset would hold {n_kept} examples, fewer than one global batch of {global_batch} "
-            f"(world_size {world_size} × per_device_train_batch_size {per_device_batch_size} × "
-            f"gradient_accumulation_steps {gradient_accumulation_steps}); raise `data_fraction` or lower the batch."
-        )
+    _check_counts(n_examples, n_kept, world_size, per_device_batch_size, gradient_accumulation_steps, warmup_steps)
     batches = batches_per_rank(n_kept, world_size, per_device_batch_size)
     if selected_batches_per_epoch is not None:
         if selected_batches_per_epoch < 1:
@@ -160,26 +137,8 @@ def plan_steps(
     full_steps_per_epoch = math.ceil(
         batches_per_rank(n_examples, world_size, per_device_batch_size) / gradient_accumulation_steps
     )
-    if max_steps is not None and max_steps > 0:
-        if warmup_steps >= max_steps:
-            raise ValueError(
-                f"`warmup_steps` ({warmup_steps}) must be smaller than the planned total of {max_steps} steps "
-                "(`max_steps`); lower the warm-up (ClusterSelectConfig.selection_warmup_steps, or TrainingArguments."
-                "warmup_steps when that is None) or raise `max_steps`."
-            )
-        selected = max_steps - warmup_steps
-        full_data_steps = max_steps
-    else:
-        if not num_train_epochs > 0:
-            raise ValueError(f"`num_train_epochs` must be > 0 when `max_steps` <= 0, got {num_train_epochs}.")
-        selected = math.ceil(num_train_epochs * steps_per_epoch)
-        full_data_steps = math.ceil(num_train_epochs * full_steps_per_epoch)
-        if warmup_steps >= full_data_steps:
-            raise ValueError(
-                f"`warmup_steps` ({warmup_steps}) must be smaller than the {full_data_steps} steps the run would "
-                f"take on the full data ({num_train_epochs} epochs); lower the warm-up (ClusterSelectConfig."
-                "selection_warmup_steps, or TrainingArguments.warmup_steps when that is None)."
-            )
+    selected, full_data_steps = _step_totals(steps_per_epoch, full_steps_per_epoch, warmup_steps, num_train_epochs,
+                                             max_steps)
     return StepPlan(
         n_examples=n_examples,
         n_kept=n_kept,
@@ -194,6 +153,53 @@ def plan_steps(
         total_steps=warmup_steps + selected,
         full_data_steps=full_data_steps,
     )
+
+
+def _check_counts(n_examples: int, n_kept: int, world_size: int, per_device_batch_size: int,
+                  gradient_accumulation_steps: int, warmup_steps: int) -> None:
+    """Raise `ValueError` for a count of `plan_steps` out of range, or a dataset or subset smaller than one global
+    batch."""
+    for name, value, minimum in (
+        ("n_examples", n_examples, 1),
+        ("world_size", world_size, 1),
+        ("per_device_batch_size", per_device_batch_size, 1),
+        ("gradient_accumulation_steps", gradient_accumulation_steps, 1),
+        ("warmup_steps", warmup_steps, 0),
+    ):
+        if value < minimum:
+            raise ValueError(f"`{name}` must be >= {minimum}, got {value}.")
+    if not 1 <= n_kept <= n_examples:
+        raise ValueError(f"`n_kept` must be in [1, n_examples={n_examples}], got {n_kept}.")
+    global_batch = world_size * per_device_batch_size * gradient_accumulation_steps
+    one_batch = (f"one global batch of {global_batch} (world_size {world_size} × per_device_train_batch_size "
+                 f"{per_device_batch_size} × gradient_accumulation_steps {gradient_accumulation_steps})")
+    if n_examples < global_batch:
+        raise ValueError(f"the training dataset has {n_examples} examples, fewer than {one_batch}; use a smaller "
+                         "batch or more data.")
+    if n_kept < global_batch:
+        raise ValueError(f"the selected subset would hold {n_kept} examples, fewer than {one_batch}; raise "
+                         "`data_fraction` or lower the batch.")
+
+
+def _step_totals(steps_per_epoch: int, full_steps_per_epoch: int, warmup_steps: int, num_train_epochs: float,
+                 max_steps: int | None) -> tuple[int, int]:
+    """`(selected_steps, full_data_steps)` of `plan_steps`: `max_steps` (warm-up included) when > 0, else
+    `num_train_epochs` epochs of each; raises `ValueError` when the warm-up leaves no step for the selected data."""
+    lower = ("lower the warm-up (ClusterSelectConfig.selection_warmup_steps, or TrainingArguments.warmup_steps when "
+             "that is None)")
+    if max_steps is not None and max_steps > 0:
+        if warmup_steps >= max_steps:
+            raise ValueError(f"`warmup_steps` ({warmup_steps}) must be smaller than the planned total of {max_steps} "
+                             f"steps (`max_steps`); {lower} or raise `max_steps`.")
+        return max_steps - warmup_steps, max_steps
+    if not num_train_epochs > 0:
+        raise ValueError(f"`num_train_epochs` must be > 0 when `max_steps` <= 0, got {num_train_epochs}.")
+    selected = math.ceil(num_train_epochs * steps_per_epoch)
+    full_data_steps = math.ceil(num_train_epochs * full_steps_per_epoch)
+    if warmup_steps >= full_data_steps:
+        raise ValueError(f"`warmup_steps` ({warmup_steps}) must be smaller than the {full_data_steps} steps the run "
+                         f"would take on the full data ({num_train_epochs} epochs); {lower}.")
+    return selected, full_data_steps
 
 
 def resolve_warmup_steps(lr_warmup: float, *, max_steps: int = -1, total_without_warmup: int | None = None) -> int:

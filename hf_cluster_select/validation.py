@@ -229,3 +229,51 @@ def check_loss_tokens(loss_tokens: Any) -> int:
             "(completion-only loss, `max_length` truncation cutting off every answer)."
         )
     return count
+
+
+def check_loss_path(*, loss_weighted: bool, label_smoothing_factor: float, has_compute_loss_func: bool,
+                    shift_labels: bool, model_config: Any, model_name: str) -> None:
+    """Refuse, before any model work, settings under which the per-example loss weights would be dropped or the
+    features undefined. The weighted loss has no fallback at run time: what is not refused here is applied.
+
+    Args:
+        loss_weighted (`bool`): `RunFacts.loss_weighted` (weights other than 1 can occur).
+        label_smoothing_factor (`float`): `TrainingArguments.label_smoothing_factor`.
+        has_compute_loss_func (`bool`): whether the trainer was given a `compute_loss_func`.
+        shift_labels (`bool`): `RunFacts.shift_labels` (a token-level language model).
+        model_config (*optional*): the model's config (`problem_type`, `num_labels`).
+        model_name (`str`): the model's class name, for the message.
+    Raises:
+        ValueError: for label smoothing or a `compute_loss_func` while the loss is weighted (also at
+            `data_fraction=1.0` with an allocation that re-weights the full data, CluSTER's), or a regression or
+            multi-label head.
+    """
+    if loss_weighted and label_smoothing_factor:
+        raise ValueError(
+            f"`label_smoothing_factor={label_smoothing_factor}` is not supported with selection: the label smoother "
+            "computes its own loss, so the selected examples' loss weights (or the 'paper' allocation's per-rank "
+            "weights) would be ignored. Set it to 0, or use data_fraction=1.0 with allocation='balanced'.")
+    if loss_weighted and has_compute_loss_func:
+        raise ValueError(
+            "`compute_loss_func` is not supported with selection: the selected examples' loss weights (or the "
+            "'paper' allocation's per-rank weights) could not be applied. Subclass ClusterTrainer and override "
+            "`compute_loss` instead (call `super().compute_loss`).")
+    problem = getattr(model_config, "problem_type", None)
+    single_output = problem is None and getattr(model_config, "num_labels", 2) == 1  # transformers: regression
+    if not shift_labels and (problem in ("regression", "multi_label_classification") or single_output):
+        raise ValueError(
+            f"{model_name} is a regression or multi-label head (num_labels={getattr(model_config, 'num_labels', None)}"
+            f", problem_type={problem!r}); selection supports token-level language modelling and single-label "
+            "classification (class-id labels).")
+
+
+def check_feature_context(config: ClusterSelectConfig, *, shift_labels: bool, model_name: str) -> None:
+    """Refuse `feature_context="loss_tokens"` for a model that is not a causal language model.
+
+    Raises:
+        ValueError: naming the setting and the model class.
+    """
+    if config.feature_settings.feature_context == "loss_tokens" and not shift_labels:
+        raise ValueError(
+            "`feature_context='loss_tokens'` applies to causal language models (labels aligned with `input_ids`); "
+            f"{model_name} is not one. Use `feature_context='full'`.")

@@ -1,10 +1,9 @@
-"""Command-line parsing of ClusterSelectConfig with TrainingArguments / SFTConfig, and the 0.1 field names."""
+"""Command-line parsing of ClusterSelectConfig with TrainingArguments / SFTConfig, and its strategy settings."""
 
 from __future__ import annotations
 
 import dataclasses
 import io
-import warnings
 from contextlib import redirect_stdout
 
 import pytest
@@ -21,13 +20,16 @@ CPU = ["--use_cpu", "--report_to", "none"]
 def test_plain_hf_argument_parser_sets_every_kind_of_field(tmp_path):
     training, config = HfArgumentParser((TrainingArguments, ClusterSelectConfig)).parse_args_into_dataclasses(
         ["--output_dir", str(tmp_path), *CPU, "--warmup_steps", "5", "--seed", "3", "--data_fraction", "0.25",
-         "--selection_warmup_steps", "2", "--selection_seed", "7", "--cluster_method", "kmeans",
-         "--balance_tokens", "false", "--pca_dim", "None", "--kmeans_size_cap", "1.5", "--cluster_sample_size", "500"])
+         "--selection_warmup_steps", "2", "--selection_seed", "7", "--cluster_method", "kmeans", "--feature_cache",
+         "false", "--strategy_kwargs", '{"balance_tokens": false, "pca_dim": null, "kmeans_size_cap": 1.5, '
+         '"cluster_sample_size": 500}'])
     assert training.warmup_steps == 5 and training.seed == 3
     assert config == ClusterSelectConfig(data_fraction=0.25, selection_warmup_steps=2, selection_seed=7,
-                                         cluster_method="kmeans", balance_tokens=False, pca_dim=None,
-                                         kmeans_size_cap=1.5, cluster_sample_size=500)
-    assert config.pca_dim is None and config.kmeans_size_cap == 1.5 and config.selection_warmup_steps == 2
+                                         cluster_method="kmeans", feature_cache=False,
+                                         strategy_kwargs={"balance_tokens": False, "pca_dim": None,
+                                                          "kmeans_size_cap": 1.5, "cluster_sample_size": 500})
+    assert config.cluster_settings.pca_dim is None and config.cluster_settings.kmeans_size_cap == 1.5
+    assert config.allocation_settings.balance_tokens is False and config.selection_warmup_steps == 2
 
 
 def test_sft_config_parses_with_the_config(tmp_path):
@@ -37,8 +39,9 @@ def test_sft_config_parses_with_the_config(tmp_path):
     assert isinstance(training, SFTConfig) and training.max_length == 64
     assert config.data_fraction == 0.4 and config.stratify_column == "task"
     training, config = parse_training_and_cluster_args(
-        ["--output_dir", str(tmp_path), *CPU, "--bf16", "false", "--feature_layers", "2"], training_args_class=SFTConfig)
-    assert isinstance(training, SFTConfig) and config.feature_layers == 2
+        ["--output_dir", str(tmp_path), *CPU, "--bf16", "false", "--strategy_kwargs", '{"feature_layers": 2}'],
+        training_args_class=SFTConfig)
+    assert isinstance(training, SFTConfig) and config.feature_settings.feature_layers == 2
 
 
 def test_help_lists_every_field():
@@ -49,36 +52,22 @@ def test_help_lists_every_field():
         assert f"--{field.name}" in out.getvalue()
 
 
-def test_legacy_prefixed_options_still_parse_with_a_warning(tmp_path):
-    with pytest.warns(FutureWarning, match="--cluster_seed"):
-        _, config = parse_training_and_cluster_args(
-            ["--output_dir", str(tmp_path), *CPU, "--cluster_data_fraction", "0.25", "--cluster_warmup_steps", "2",
-             "--cluster_seed", "7", "--cluster_cluster_method", "kmeans", "--cluster_pca_dim=8"])
-    assert config == ClusterSelectConfig(data_fraction=0.25, selection_warmup_steps=2, selection_seed=7,
-                                         cluster_method="kmeans", pca_dim=8)
-    with pytest.warns(FutureWarning):  # the dash and negated spellings HfArgumentParser also accepted in 0.1
-        _, config = parse_training_and_cluster_args(
-            ["--output_dir", str(tmp_path), *CPU, "--cluster-data-fraction", "0.2", "--cluster-seed", "7",
-             "--no_cluster_balance_tokens"])
-    assert (config.data_fraction, config.selection_seed, config.balance_tokens) == (0.2, 7, False)
-    with pytest.warns(FutureWarning):
-        _, config = parse_training_and_cluster_args(["--output_dir", str(tmp_path), *CPU, "--no-cluster-balance-tokens"])
-    assert config.balance_tokens is False
-    with warnings.catch_warnings():  # `--cluster_method` is a field of its own, not a legacy option
-        warnings.simplefilter("error", FutureWarning)
-        _, config = parse_training_and_cluster_args(["--output_dir", str(tmp_path), *CPU, "--cluster_method", "hdbscan"])
-    assert config.cluster_method == "hdbscan"
-
-
 def test_bad_choice_range_and_unknown_option_are_rejected(tmp_path):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit):  # a choices field: argparse refuses
+        parse_training_and_cluster_args(["--output_dir", str(tmp_path), *CPU, "--budget_unit", "bytes"])
+    with pytest.raises(ValueError, match="`within_cluster` must be one of .*got 'edge'"):
         parse_training_and_cluster_args(["--output_dir", str(tmp_path), *CPU, "--within_cluster", "edge"])
     with pytest.raises(ValueError, match="data_fraction"):
         parse_training_and_cluster_args(["--output_dir", str(tmp_path), *CPU, "--data_fraction", "1.5"])
-    with pytest.raises(ValueError, match="`pca_dim` must be an int or None, got 'sixteen'"):
-        parse_training_and_cluster_args(["--output_dir", str(tmp_path), *CPU, "--pca_dim", "sixteen"])
+    with pytest.raises(ValueError, match="`strategy_kwargs`: `pca_dim` must be an int >= 1 or None, got 'sixteen'"):
+        parse_training_and_cluster_args(["--output_dir", str(tmp_path), *CPU, "--strategy_kwargs",
+                                         '{"pca_dim": "sixteen"}'])
+    with pytest.raises(ValueError, match="`strategy_kwargs` must be a JSON object, got 'pca_dim=16'"):
+        parse_training_and_cluster_args(["--output_dir", str(tmp_path), *CPU, "--strategy_kwargs", "pca_dim=16"])
     with pytest.raises(ValueError, match="--no_such_option"):
         parse_training_and_cluster_args(["--output_dir", str(tmp_path), *CPU, "--no_such_option", "1"])
+    with pytest.raises(ValueError, match="--pca_dim"):  # a strategy setting is not a field of its own
+        parse_training_and_cluster_args(["--output_dir", str(tmp_path), *CPU, "--pca_dim", "8"])
 
 
 def test_defaults_round_trip(tmp_path):
@@ -86,33 +75,29 @@ def test_defaults_round_trip(tmp_path):
     assert config == ClusterSelectConfig()
 
 
-def test_old_names_are_deprecated_aliases():
-    with pytest.warns(FutureWarning, match="will be removed in 0.3"):
-        config = ClusterSelectConfig(seed=5, warmup_steps=0)
-    assert (config.selection_seed, config.selection_warmup_steps) == (5, 0)
-    with pytest.warns(FutureWarning, match="selection_warmup_steps"):
-        assert config.warmup_steps == 0
-    with pytest.warns(FutureWarning):
-        config.seed = 9
-    assert config.selection_seed == 9 and "seed" not in config.to_dict()
-    with pytest.raises(TypeError, match="`selection_seed` given twice"), pytest.warns(FutureWarning):
-        ClusterSelectConfig(seed=1, selection_seed=2)
-    with pytest.warns(FutureWarning):
-        assert ClusterSelectConfig.paper(seed=3).selection_seed == 3
+def test_settings_equal_to_their_defaults_are_not_kept():
+    """`strategy_kwargs` is canonical: a setting given at its default is the same config as one not given, so
+    saved selections compare equal (`config_differences`)."""
+    explicit = ClusterSelectConfig(strategy_kwargs={"pca_dim": 16, "kept_per_cluster": 4, "quota": "proportional"})
+    assert explicit == ClusterSelectConfig() and explicit.strategy_kwargs == {}
+    assert config_differences(explicit.to_dict(), ClusterSelectConfig().to_dict()) == []
+    changed = ClusterSelectConfig(strategy_kwargs={"pca_dim": 8}).to_dict()
+    assert config_differences(ClusterSelectConfig().to_dict(), changed) == ["pca_dim: 16 in the checkpoint, 8 now"]
 
 
-def test_selections_saved_by_0_1_keep_their_meaning():
-    old = dict(ClusterSelectConfig().to_dict())
-    old["seed"], old["warmup_steps"] = old.pop("selection_seed"), old.pop("selection_warmup_steps")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", FutureWarning)  # reading a saved dict does not warn
-        assert ClusterSelectConfig.from_dict(old) == ClusterSelectConfig()
-    changed = ClusterSelectConfig(selection_seed=3).to_dict()
-    assert config_differences(old, changed) == ["selection_seed: 42 in the checkpoint, 3 now"]
+def test_flat_values_round_trip_through_resolved():
+    config = ClusterSelectConfig(cluster_method="hdbscan", strategy_kwargs={"hdbscan_min_samples": 3, "pca_dim": 8})
+    flat = config.resolved()
+    assert flat["hdbscan_min_samples"] == 3 and flat["noise_policy"] == "assign" and "strategy_kwargs" not in flat
+    assert ClusterSelectConfig.from_flat(flat) == config
+    assert ClusterSelectConfig.from_flat({"cluster_method": "kmeans", "kmeans_n_clusters": 3}).strategy_kwargs == {
+        "kmeans_n_clusters": 3}
+    with pytest.raises(ValueError, match="'kmeans_n_clusters' \\(a setting of cluster_method='kmeans'\\)"):
+        ClusterSelectConfig.from_flat({"kmeans_n_clusters": 3})  # a non-default setting of a strategy not chosen
 
 
-def test_text_values_of_optional_fields():
-    config = ClusterSelectConfig(pca_dim="None", kmeans_size_cap="2", projection_dim=" 32 ", stratify_column="None")
-    assert (config.pca_dim, config.kmeans_size_cap, config.projection_dim, config.stratify_column) == (None, 2.0, 32, None)
-    with pytest.raises(ValueError, match="`kmeans_size_cap` must be a number or None, got 'big'"):
-        ClusterSelectConfig(kmeans_size_cap="big")
+def test_old_field_names_say_where_settings_went():
+    with pytest.raises(TypeError, match="pca_dim"):
+        ClusterSelectConfig(pca_dim=8)
+    with pytest.raises(ValueError, match="strategy settings go in `strategy_kwargs`"):
+        ClusterSelectConfig.from_dict({"pca_dim": 8})

@@ -41,8 +41,8 @@ def test_hdbscan_on_a_sample_recovers_the_full_fit():
     """3,000 rows of 6 separated components: HDBSCAN on a 600-row sample plus nearest-exemplar assignment agrees
     with the truth as well as the fit on every row, and every row gets a cluster."""
     x, truth = mixture(3000)
-    full = cluster_features(x, ClusterSelectConfig(cluster_method="hdbscan", cluster_sample_size=None))
-    sampled = cluster_features(x, ClusterSelectConfig(cluster_method="hdbscan", cluster_sample_size=600))
+    full = cluster_features(x, ClusterSelectConfig(cluster_method="hdbscan", strategy_kwargs={"cluster_sample_size": None}))
+    sampled = cluster_features(x, ClusterSelectConfig(cluster_method="hdbscan", strategy_kwargs={"cluster_sample_size": 600}))
     assert sampled.params["sampled_rows"] == 600 and "sampled_rows" not in full.params
     assert adjusted_rand_score(truth, full.labels) > 0.95
     assert adjusted_rand_score(truth, sampled.labels) > 0.95
@@ -54,32 +54,30 @@ def test_fine_kmeans_two_level_has_about_k_clusters():
     """Above the sample size, fine_kmeans finds K = budget / kept_per_cluster clusters coarse-then-fine; each
     true component is split, never merged with another (homogeneous clusters)."""
     x, truth = mixture(4000, k=5)
-    config = ClusterSelectConfig(data_fraction=0.1, cluster_sample_size=500)  # budget 400 -> K = 100
+    config = ClusterSelectConfig(data_fraction=0.1, strategy_kwargs={"cluster_sample_size": 500})  # budget 400 -> K = 100
     result = cluster_features(x, config)
     assert result.params["assignment"] == "two_level_kmeans" and result.params["sampled_rows"] == 500
     assert 90 <= result.n_clusters <= 100
     purity = sum(np.bincount(truth[result.labels == c]).max() for c in range(result.n_clusters)) / truth.size
     assert purity > 0.99
-    small = cluster_features(x[:400], ClusterSelectConfig(data_fraction=0.1, cluster_sample_size=500))
+    small = cluster_features(x[:400], ClusterSelectConfig(data_fraction=0.1, strategy_kwargs={"cluster_sample_size": 500}))
     assert "assignment" not in small.params  # below the size: the exact fit, unchanged
 
 
 def test_kmeans_on_a_sample_keeps_the_size_cap():
     x, truth = mixture(2000, k=3)
-    result = cluster_features(x, ClusterSelectConfig(cluster_method="kmeans", kmeans_n_clusters=3,
-                                                     cluster_sample_size=300))
+    result = cluster_features(x, ClusterSelectConfig(cluster_method="kmeans", strategy_kwargs={"kmeans_n_clusters": 3, "cluster_sample_size": 300}))
     assert result.params["sampled_rows"] == 300 and adjusted_rand_score(truth, result.labels) > 0.95
     x, _ = mixture(3000, k=4, seed=2)
     for size in (None, 1000, 100):  # the cap (1.1 · n / K = 825) holds on every row, sampled or not
-        capped = cluster_features(x, ClusterSelectConfig(cluster_method="kmeans", kmeans_n_clusters=4,
-                                                         kmeans_size_cap=1.1, cluster_sample_size=size))
+        capped = cluster_features(x, ClusterSelectConfig(cluster_method="kmeans", strategy_kwargs={"kmeans_n_clusters": 4, "kmeans_size_cap": 1.1, "cluster_sample_size": size}))
         assert np.bincount(capped.labels).max() <= 825 and capped.labels.size == 3000
 
 
 @pytest.mark.parametrize("size", [0, 99, 2.5, True])
 def test_cluster_sample_size_validated(size):
     with pytest.raises((ValueError, TypeError), match="cluster_sample_size"):
-        ClusterSelectConfig(cluster_sample_size=size)
+        ClusterSelectConfig(strategy_kwargs={"cluster_sample_size": size})
 
 
 def test_blockwise_path_for_a_memory_mapped_matrix(tmp_path, monkeypatch):

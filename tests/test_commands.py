@@ -40,7 +40,7 @@ def test_select_writes_dataset_report_and_a_reusable_selection(tmp_path, model_f
 
     out = str(tmp_path / "sel")
     assert main(["select", "--model", model_folder, "--dataset", data_file, "--prompt-column", "q",
-                 "--completion-column", "a", "--data-fraction", "0.25", "--seed", "3", "--output", out]) == 0
+                 "--completion-column", "a", "--data-fraction", "0.25", "--selection-seed", "3", "--output", out]) == 0
     table = datasets.load_from_disk(os.path.join(out, "dataset"))
     assert table.column_names == ["q", "a", "id", "cluster_id", "raw_cluster_id", "weight", "kept"]
     assert sum(table["kept"]) == 10 and table["id"] == list(range(40))
@@ -64,7 +64,7 @@ def test_select_writes_dataset_report_and_a_reusable_selection(tmp_path, model_f
     # the same command again: the features come from the cache, the selection is identical
     again = str(tmp_path / "again")
     assert main(["select", "--model", model_folder, "--dataset", data_file, "--prompt-column", "q",
-                 "--completion-column", "a", "--data-fraction", "0.25", "--seed", "3", "--output", again]) == 0
+                 "--completion-column", "a", "--data-fraction", "0.25", "--selection-seed", "3", "--output", again]) == 0
     second = json.load(open(os.path.join(again, "selection_report.json")))
     assert report["features_from_cache"] is False and second["features_from_cache"] is True
     assert second["kept_indices"] == report["kept_indices"] and second["weights"] == report["weights"]
@@ -75,11 +75,20 @@ def test_every_config_field_is_an_option_and_none_parses():
     args = parser.parse_args(["select", "--model", "m", "--dataset", "d", "--output", "o", "--pca-dim", "None",
                               "--data-fraction", "0.4", "--balance-tokens", "false", "--within-cluster", "random"])
     config = config_from_args(args)
-    assert config.pca_dim is None and config.data_fraction == 0.4 and config.balance_tokens is False
+    assert config.cluster_settings.pca_dim is None and config.data_fraction == 0.4
+    assert config.allocation_settings.balance_tokens is False and config.strategy_kwargs == {
+        "balance_tokens": False, "pca_dim": None}  # only the settings given
     assert config.within_cluster == "random" and config.feature == ClusterSelectConfig().feature
     help_text = parser._subparsers._group_actions[0].choices["select"].format_help()
-    for name in ("data-fraction", "cluster-sample-size", "feature-layers", "within-cluster", "stratify-column"):
+    for name in ("data-fraction", "cluster-sample-size", "feature-layers", "within-cluster", "stratify-column",
+                 "hdbscan-min-samples", "kmeans-size-cap", "strategy-kwargs"):
         assert f"--{name}" in help_text
+    hdbscan = config_from_args(parser.parse_args(["select", "--model", "m", "--dataset", "d", "--output", "o",
+                                                  "--cluster-method", "hdbscan", "--hdbscan-min-samples", "3"]))
+    assert hdbscan.cluster_settings.hdbscan_min_samples == 3
+    with pytest.raises(ValueError, match="a setting of cluster_method='hdbscan'"):  # not the chosen clusterer's
+        config_from_args(parser.parse_args(["select", "--model", "m", "--dataset", "d", "--output", "o",
+                                            "--hdbscan-min-samples", "3"]))
 
 
 def test_bad_columns_paths_and_values_are_one_line_errors(tmp_path, model_folder, data_file, capsys):

@@ -5,15 +5,19 @@ from __future__ import annotations
 import inspect
 import logging
 
+import pytest
 import transformers
 import trl
+from packaging.version import Version
 
 from hf_cluster_select import ClusterSFTTrainer, ClusterTrainer
 from hf_cluster_select.integrations import compat
 
 
-def test_installed_versions_are_the_tested_ones():
-    assert compat.untested_versions() == [], f"transformers {transformers.__version__}, trl {trl.__version__}"
+def test_installed_versions_are_supported():
+    """CI runs this file in two environments: the newest releases (`make test`) and the lowest supported ones
+    (`make test-lowest`); neither is below `compat.SUPPORTED`."""
+    assert compat.too_old_versions() == [], f"transformers {transformers.__version__}, trl {trl.__version__}"
 
 
 def test_every_hook_keeps_its_signature():
@@ -38,33 +42,75 @@ def test_sft_trainer_init_keywords_are_bound():
     assert "hf_cluster_select" in ClusterSFTTrainer._tag_names
 
 
-def test_untested_version_warns(monkeypatch, caplog):
-    monkeypatch.setattr(compat, "TESTED_RANGES", {"transformers": ("0.1.0", "0.2.0")})
-    with caplog.at_level(logging.WARNING, logger=compat.__name__):
-        compat.warn_if_untested()
-    assert f"transformers {transformers.__version__} (tested: >=0.1.0,<0.2.0)" in caplog.text
+@pytest.fixture
+def fresh_warning(monkeypatch, caplog):
+    """`warn_if_unsupported` as on a first import: not yet run in this process, its log captured."""
+    monkeypatch.setattr(compat, "_warned", False)
+    caplog.set_level(logging.WARNING, logger=compat.__name__)
+    return caplog
 
 
-def test_changed_hook_is_reported():
+def test_installed_stack_gives_no_warning(fresh_warning):
+    compat.warn_if_unsupported()
+    assert fresh_warning.records == []
+
+
+def test_too_old_version_warns_and_does_not_refuse(monkeypatch, fresh_warning):
+    monkeypatch.setitem(compat.SUPPORTED, "transformers", compat.Supported("99.0.0", "99.1.0"))
+    compat.warn_if_unsupported()  # no exception: a warning only
+    assert len(fresh_warning.records) == 1
+    assert compat.too_old_versions() == [f"transformers {transformers.__version__} (lowest supported: 99.0.0)"]
+    assert "transformers>=99.0.0" in fresh_warning.text and compat.too_old_versions()[0] in fresh_warning.text
+
+
+def test_changed_hook_is_named_in_the_warning(fresh_warning):
     class Changed(transformers.Trainer):
         def _run_epoch(self, model, epoch):  # a hypothetical release with fewer parameters
             pass
 
     assert compat.hook_mismatches(Changed) == {"_run_epoch": ["self", "model", "epoch"]}
+    compat.warn_if_unsupported(Changed)
+    hook_warnings = [r.getMessage() for r in fresh_warning.records if "hooks" in r.getMessage()]
+    assert len(hook_warnings) == 1 and "_run_epoch(self, model, epoch)" in hook_warnings[0]
 
 
-def test_setup_cfg_states_the_tested_range():
-    """The install range users get is the range CI tests (`compat.TESTED_RANGES`), not wider."""
+def test_missing_hook_is_named_in_the_warning(monkeypatch, fresh_warning):
+    monkeypatch.delattr(transformers.Trainer, "_init_training_state")
+    compat.warn_if_unsupported()
+    assert "_init_training_state (missing)" in fresh_warning.text
+
+
+def test_warns_once_per_process(monkeypatch, fresh_warning):
+    monkeypatch.setitem(compat.SUPPORTED, "trl", compat.Supported("99.0.0", "99.0.0"))
+    compat.warn_if_unsupported()
+    compat.warn_if_unsupported()
+    assert len(fresh_warning.records) == 1
+
+
+def test_import_of_the_adapters_checks_the_hooks():
+    import hf_cluster_select.integrations.trainer  # noqa: F401  (imported by the imports above already)
+
+    assert compat._warned
+
+
+def test_setup_cfg_states_the_lowest_supported_versions():
+    """setup.cfg's lower bounds are `compat.SUPPORTED`'s lowest releases (what `make test-lowest` installs), and
+    there is no upper bound: a plugin pinned to one minor release conflicts with the versions users have."""
     import configparser
     import os
+    import re
 
     from packaging.requirements import Requirement
-    from packaging.version import Version
 
+    root = os.path.join(os.path.dirname(__file__), "..")
     parser = configparser.ConfigParser()
-    parser.read(os.path.join(os.path.dirname(__file__), "..", "setup.cfg"))
+    parser.read(os.path.join(root, "setup.cfg"))
     requirements = {Requirement(line).name: Requirement(line) for line in
                     parser["options"]["install_requires"].split("\n") if line.strip()}
-    for package, (lowest, first_untested) in compat.TESTED_RANGES.items():
+    with open(os.path.join(root, "Makefile")) as makefile:
+        lowest_env = dict(re.findall(r"^LOWEST_(\w+) = (\S+)$", makefile.read(), re.M))
+    for package, supported in compat.SUPPORTED.items():
         bounds = {(s.operator, Version(s.version)) for s in requirements[package].specifier}
-        assert bounds == {(">=", Version(lowest)), ("<", Version(first_untested))}, package
+        assert bounds == {(">=", Version(supported.lowest))}, package
+        assert Version(lowest_env[package.upper()]) == Version(supported.lowest), package
+        assert Version(supported.lowest) <= Version(supported.newest_tested), package

@@ -15,6 +15,7 @@ from hf_cluster_select import ClusterSelectConfig, ClusterTrainer
 from hf_cluster_select.feature_cache import FeatureCache, feature_identity, weights_digest
 from hf_cluster_select.features import FEATURES
 from hf_cluster_select.persistence import data_fingerprint
+from hf_cluster_select.run import resolve_run_facts
 
 
 def _counting_feature(monkeypatch) -> list:
@@ -76,8 +77,9 @@ def test_another_attention_mask_recomputes(tmp_path, tiny_lm, lm_dataset, collat
 def _identity(model, dataset, config=None, collator="c", tokenizer=None, shift=True):
     fingerprint = data_fingerprint([len(x["input_ids"]) for x in dataset],
                                    str(hash(tuple(tuple(x["input_ids"]) for x in dataset))))
-    return feature_identity(model, config or ClusterSelectConfig(), data_fingerprint=fingerprint, collator=collator,
-                            tokenizer=tokenizer, shift_labels=shift)
+    config = config or ClusterSelectConfig()
+    facts = resolve_run_facts(model, config, shift_labels=shift)
+    return feature_identity(model, config, facts, data_fingerprint=fingerprint, collator=collator, tokenizer=tokenizer)
 
 
 def test_every_key_part_changes_the_key(tiny_lm, lm_dataset, tokenizer):
@@ -95,8 +97,8 @@ def test_every_key_part_changes_the_key(tiny_lm, lm_dataset, tokenizer):
         "weights": _identity(moved, lm_dataset, tokenizer=tokenizer),
         "tokenizer": _identity(tiny_lm, lm_dataset, tokenizer=other_tokenizer),
         "feature": _identity(tiny_lm, lm_dataset, ClusterSelectConfig(feature="hidden_mean"), tokenizer=tokenizer),
-        "projection": _identity(tiny_lm, lm_dataset, ClusterSelectConfig(projection_dim=8), tokenizer=tokenizer),
-        "layers": _identity(tiny_lm, lm_dataset, ClusterSelectConfig(feature_layers=1), tokenizer=tokenizer),
+        "projection": _identity(tiny_lm, lm_dataset, ClusterSelectConfig(strategy_kwargs={"projection_dim": 8}), tokenizer=tokenizer),
+        "layers": _identity(tiny_lm, lm_dataset, ClusterSelectConfig(strategy_kwargs={"feature_layers": 1}), tokenizer=tokenizer),
         "seed": _identity(tiny_lm, lm_dataset, ClusterSelectConfig(selection_seed=1), tokenizer=tokenizer),
         "collator": _identity(tiny_lm, lm_dataset, collator=3, tokenizer=tokenizer),
         "shift": _identity(tiny_lm, lm_dataset, tokenizer=tokenizer, shift=False),
@@ -132,7 +134,7 @@ def test_partitioned_weights_turn_the_cache_off():
     assert weights_digest(model) is not None
     model.weight = torch.nn.Parameter(torch.empty(0))  # DeepSpeed ZeRO-3 leaves an empty local tensor
     assert weights_digest(model) is None
-    assert feature_identity(model, ClusterSelectConfig(), data_fingerprint="d") is None
+    assert feature_identity(model, ClusterSelectConfig(), tiny_assets.run_facts(), data_fingerprint="d") is None
 
 
 def test_config_field_is_checked():

@@ -14,6 +14,7 @@ from hf_cluster_select.features import (describe_feature, effective_layers, feat
                                         resolve_feature)
 from hf_cluster_select.features.proxy import truncated_layers
 from hf_cluster_select.pipeline import cached_or_computed_features
+from hf_cluster_select.run import resolve_run_facts
 
 
 def lm(tokenizer, layers: int) -> LlamaForCausalLM:
@@ -50,14 +51,17 @@ def test_default_features_are_hidden_mean_of_the_truncated_model(tokenizer, lm_d
     model = lm(tokenizer, 3)
     n = 16
     lengths = [len(lm_dataset[i]["input_ids"]) for i in range(n)]
+    default, hidden = ClusterSelectConfig(), ClusterSelectConfig(feature="hidden_mean")
+    facts = resolve_run_facts(model, default, shift_labels=True)
+    assert (facts.feature, facts.feature_layers, facts.feature_used) == ("hidden_mean", 2, "hidden_mean after 2 blocks")
     features, loss_tokens, norms, losses, from_cache = cached_or_computed_features(
-        model, lm_dataset, collator, config=ClusterSelectConfig(), n=n, lengths=lengths, batch_size=4,
-        shift_labels=True, show_progress=False, cache=None, identity=None)
+        model, lm_dataset, collator, config=default, facts=facts, lengths=lengths, batch_size=4,
+        show_progress=False, cache=None, identity=None)
     assert not from_cache and features.shape[0] == n and loss_tokens.shape == (n,) and norms.shape == (n,)
     assert losses is None  # a truncated pass's losses are not the model's: dropped
     _, _, _, full_losses, _ = cached_or_computed_features(
-        model, lm_dataset, collator, config=ClusterSelectConfig(feature="hidden_mean"), n=n, lengths=lengths,
-        batch_size=4, shift_labels=True, show_progress=False, cache=None, identity=None)
+        model, lm_dataset, collator, config=hidden, facts=resolve_run_facts(model, hidden, shift_labels=True),
+        lengths=lengths, batch_size=4, show_progress=False, cache=None, identity=None)
     assert full_losses.shape == (n,) and np.isfinite(full_losses).all() and (full_losses > 0).all()
     with truncated_layers(model, 2):
         two = hidden_mean_features(model, lm_dataset, list(range(n)), collator, batch_size=4, lengths=lengths,

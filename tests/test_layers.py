@@ -1,4 +1,4 @@
-"""The layer map of README's Architecture section, checked against the imports: a module imports only from its own
+"""The layer map of docs/architecture.md, checked against the imports: a module imports only from its own
 or lower layers, and nothing below the integrations imports transformers or TRL."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_cluster_select"
 LAYERS = {  # module (dotted, relative to the package) or sub-package prefix → layer
-    "config": 0, "_types": 0, "_imports": 0, "_checks": 0, "registry": 0, "loss_tokens": 0, "clock": 0, "atomic": 0,
+    "config": 0, "settings": 0, "_types": 0, "_imports": 0, "_checks": 0, "registry": 0, "loss_tokens": 0, "clock": 0, "atomic": 0,
     "distributed": 1,
     "features": 2, "selection": 2, "batching": 2, "reporting": 2, "schedule": 2, "persistence": 2,
-    "validation": 2, "data": 2, "weighting": 2, "feature_cache": 2,
+    "validation": 2, "data": 2, "weighting": 2, "feature_cache": 2, "collate": 2,
     "pipeline": 3, "run": 3,
     "integrations": 4,
     "__init__": 5, "cli": 5, "commands": 5, "commands_select": 5, "demo": 5,

@@ -37,7 +37,7 @@ def test_trainer_logs_token_balance_every_logging_step(tmp_path, tiny_lm, lm_dat
                              logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
                              warmup_steps=2)
     trainer = ClusterTrainer(model=tiny_lm, args=args, train_dataset=lm_dataset, data_collator=collator,
-                             cluster_config=ClusterSelectConfig(data_fraction=0.5, hdbscan_min_cluster_size=5))
+                             cluster_config=ClusterSelectConfig(data_fraction=0.5))
     seen = []
     original = trainer.cluster_callback.record_tokens
     trainer.cluster_callback.record_tokens = lambda tokens: (seen.append(tokens), original(tokens))

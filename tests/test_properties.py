@@ -97,8 +97,7 @@ def feature_sets(draw):
 def test_clustering_and_selection_lose_no_example(data, method, fraction, world_size):
     features, tokens, seed = data
     n = features.shape[0]
-    config = ClusterSelectConfig(cluster_method=method, data_fraction=fraction, selection_seed=seed % 1000,
-                                 hdbscan_min_cluster_size=None if seed % 2 else 2)
+    config = ClusterSelectConfig(cluster_method=method, data_fraction=fraction, selection_seed=seed % 1000, strategy_kwargs={"hdbscan_min_cluster_size": None if seed % 2 else 2} if method == "hdbscan" else None)
     result = cluster_features(features, config, world_size=world_size, loss_tokens=tokens)
     no_loss = tokens == 0
     nonfinite = ~np.isfinite(features).all(axis=1) & ~no_loss

@@ -55,7 +55,7 @@ def test_truncated_layers_restores_after_an_error_and_checks(tokenizer):
         with truncated_layers(deep, 0):
             pass
     with pytest.raises(ValueError, match="feature_layers"):
-        ClusterSelectConfig(feature_layers=0)
+        ClusterSelectConfig(strategy_kwargs={"feature_layers": 0})
 
 
 def test_truncated_layers_cut_both_stacks_of_an_encoder_decoder():
@@ -130,7 +130,7 @@ def test_feature_layers_in_a_training_run(tmp_path, tiny_lm, lm_dataset, collato
     args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, num_train_epochs=1,
                              report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, warmup_steps=0)
     trainer = ClusterTrainer(model=tiny_lm, args=args, train_dataset=lm_dataset, data_collator=collator,
-                             cluster_config=ClusterSelectConfig(data_fraction=0.5, selection_warmup_steps=0, feature_layers=1))
+                             cluster_config=ClusterSelectConfig(data_fraction=0.5, selection_warmup_steps=0, strategy_kwargs={"feature_layers": 1}))
     trainer.train()
     assert depth == [1] and len(trainer.model.model.layers) == 2
 

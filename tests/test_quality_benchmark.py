@@ -104,7 +104,7 @@ def test_quick_quality_benchmark(tmp_path):
     (["--arms", "cfg:selection_seed"], "--arms cfg:selection_seed: "),
     (["--fractions", "1.5"], "--fractions must lie strictly between 0 and 1"),
     (["--arms", "cfg:feature=nope"], "`feature` must be one of"),
-    (["--arms", "cfg:feature_layers=8,feature_layers=4"], "with each ClusterSelectConfig field once"),
+    (["--arms", "cfg:feature_layers=8,feature_layers=4"], "each ClusterSelectConfig field or strategy setting once"),
     (["--arms", "random", "random"], "--arms lists a value twice"),
     (["--seeds", "-1"], "--seeds must be integers in [0, 2**32), got [-1]"),
 ])
@@ -165,10 +165,10 @@ def test_cfg_arm_values_are_json_or_strings():
 
     config = arm_config("cfg:cluster_method=fine_kmeans,within_cluster=facility_location,feature_layers=8,"
                         "selection_warmup_steps=0,stratify_column=null", 0.3, 2)
-    assert (config.cluster_method, config.within_cluster, config.feature_layers) == ("fine_kmeans",
+    assert (config.cluster_method, config.within_cluster, config.feature_settings.feature_layers) == ("fine_kmeans",
                                                                                    "facility_location", 8)
     assert config.selection_warmup_steps == 0 and config.stratify_column is None
     assert config.data_fraction == 0.3 and config.selection_seed == 2
     assert arm_config("random", 0.3, 0) is None
-    with pytest.raises(ValueError, match="each ClusterSelectConfig field once"):
+    with pytest.raises(ValueError, match="each ClusterSelectConfig field or strategy setting once"):
         arm_config("cfg:feature_layers", 0.3, 0)

@@ -5,31 +5,71 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hf_cluster_select import config as config_module
+from dataclasses import dataclass
+
+from hf_cluster_select import ClusterSelectConfig
 from hf_cluster_select.batching import ALLOCATIONS
 from hf_cluster_select.features import FEATURES
 from hf_cluster_select.registry import Registry
+from hf_cluster_select.settings import SelectionSettings
 from hf_cluster_select.selection import CLUSTERERS, WITHIN_CLUSTER_RULES, select_from_labels
 
 
-@pytest.mark.parametrize("registry, choices", [
-    (FEATURES, config_module.FEATURES[1:]), (CLUSTERERS, config_module.CLUSTER_METHODS),
-    (WITHIN_CLUSTER_RULES, config_module.WITHIN_CLUSTER), (ALLOCATIONS, config_module.ALLOCATIONS),
+@pytest.mark.parametrize("registry, field", [
+    (FEATURES, "feature"), (CLUSTERERS, "cluster_method"), (WITHIN_CLUSTER_RULES, "within_cluster"),
+    (ALLOCATIONS, "allocation"),
 ])
-def test_config_choices_are_the_registered_names(registry, choices):
-    """Every config choice is a registered strategy, except `feature="auto"`, which `features/choice.py` resolves
-    to a registered one for each model."""
-    assert registry.names() == list(choices)
-    assert config_module.FEATURES[0] == "auto" and "auto" not in FEATURES.names()
+def test_config_accepts_exactly_the_registered_names(registry, field):
+    """Every registered name is accepted by its config field, and a name nobody registered is refused with the list
+    of registered ones (`feature="auto"` is the one name resolved per model instead, features/choice.py)."""
+    assert registry.names() and "auto" not in registry.names()
+    paper = {"allocation": "paper"}  # CluSTER's allocation needs CluSTER's clusterer
+    for name in registry.names():
+        values = ClusterSelectConfig.paper().to_dict() if (field, name) in paper.items() else {}
+        values[field] = name
+        assert getattr(ClusterSelectConfig.from_dict(values), field) == name
+    with pytest.raises(ValueError, match=rf"`{field}` must be one of .*'{registry.names()[0]}'.*got 'nobody'"):
+        ClusterSelectConfig(**{field: "nobody"})
 
 
 def test_registry_errors_name_the_choices():
-    registry: Registry = Registry("within_cluster")
+    registry: Registry = Registry("within_cluster", SelectionSettings, "hf_cluster_select.selection")
+    registry._loaded = True  # no built-ins: an empty table
     registry.register("a")(len)
     with pytest.raises(ValueError, match=r"`within_cluster` must be one of \['a'\], got 'b'"):
         registry.get("b")
     with pytest.raises(ValueError, match="already registered"):
         registry.register("a")(len)
+    with pytest.raises(TypeError, match="must be a dataclass"):
+        registry.register("c", settings=dict)
+    assert registry.settings_class("a") is SelectionSettings  # the stage's base when none is given
+
+
+def test_a_user_strategy_brings_its_own_settings():
+    """A rule registered with a settings class: `strategy_kwargs` takes its settings (validated by the class, with
+    the stage's `quota` still there), `selection_settings` resolves them, and another rule refuses them."""
+
+    @dataclass(frozen=True)
+    class OffsetSettings(SelectionSettings):
+        offset: int = 0
+
+        def __post_init__(self):
+            super().__post_init__()
+            if self.offset < 0:
+                raise ValueError(f"`offset` must be >= 0, got {self.offset}")
+
+    WITHIN_CLUSTER_RULES.register("offset_for_test", settings=OffsetSettings)(lambda *a, **k: None)
+    try:
+        config = ClusterSelectConfig(within_cluster="offset_for_test", strategy_kwargs={"offset": 2, "quota": "uniform"})
+        assert config.selection_settings == OffsetSettings(quota="uniform", offset=2)
+        assert config.strategy_kwargs == {"offset": 2, "quota": "uniform"}
+        assert ClusterSelectConfig.from_json(config.to_json()) == config
+        with pytest.raises(ValueError, match="`strategy_kwargs`: `offset` must be >= 0, got -1"):
+            ClusterSelectConfig(within_cluster="offset_for_test", strategy_kwargs={"offset": -1})
+        with pytest.raises(ValueError, match=r"'offset' \(a setting of within_cluster='offset_for_test'\)"):
+            ClusterSelectConfig(strategy_kwargs={"offset": 2})
+    finally:
+        del WITHIN_CLUSTER_RULES._entries["offset_for_test"], WITHIN_CLUSTER_RULES._settings["offset_for_test"]
 
 
 def test_a_new_rule_is_one_function_and_one_line(monkeypatch):
@@ -52,7 +92,6 @@ def test_every_rule_keeps_exactly_and_weights_sum_to_the_cluster(name):
 
 
 def test_a_user_registered_rule_is_accepted_by_the_config():
-    from hf_cluster_select import ClusterSelectConfig
     from hf_cluster_select.registry import WITHIN_CLUSTER_RULES as shared
 
     assert shared is WITHIN_CLUSTER_RULES  # one registry, importable without the stage modules
@@ -69,7 +108,7 @@ def test_a_user_registered_rule_is_accepted_by_the_config():
         chosen = select_subset(cluster_features(features, ClusterSelectConfig(cluster_method="kmeans")), config)
         assert chosen.n_kept == 10 and chosen.weights.sum() == pytest.approx(20)
     finally:
-        del shared._entries["first_k_for_test"]
+        del shared._entries["first_k_for_test"], shared._settings["first_k_for_test"]
     with pytest.raises(ValueError, match="`within_cluster` must be one of"):
         ClusterSelectConfig(within_cluster="first_k_for_test")
 

@@ -11,7 +11,8 @@ import pytest
 from hf_cluster_select._types import ClusteringResult, Selection
 from hf_cluster_select.config import ClusterSelectConfig
 from hf_cluster_select.reporting.plots import plot_cluster_sizes
-from hf_cluster_select.reporting.report import SelectionReport, estimate_savings
+from hf_cluster_select.reporting.report import SelectionReport
+from hf_cluster_select.reporting.savings import estimate_savings
 
 
 def make_report(**overrides) -> SelectionReport:
@@ -70,10 +71,10 @@ def test_padded_tokens_per_batch():
 
     lengths = np.array([10, 2, 3, 8])
     assert plan_padded_tokens(lengths, [[0, 1], [2, 3]]) == (2 * 10 + 2 * 8) / 2
-    assert random_batch_padded_tokens(np.array([5, 5, 5]), 2, epochs=1) == (2 * 5 + 1 * 5) / 2
+    assert random_batch_padded_tokens(np.array([5, 5, 5]), 2, seed=0, epochs=1) == (2 * 5 + 1 * 5) / 2
     mixed = np.array([100] * 2 + [10] * 18)  # random batches of 4 often hold a long row: they pad far more
     sorted_batches = [list(range(start, start + 4)) for start in range(0, 20, 4)]  # the long rows together: 112
-    assert plan_padded_tokens(mixed, sorted_batches) == 112.0 and random_batch_padded_tokens(mixed, 4) > 150
+    assert plan_padded_tokens(mixed, sorted_batches) == 112.0 and random_batch_padded_tokens(mixed, 4, seed=0) > 150
     report = make_report(padded_tokens_per_batch_full=300.0, padded_tokens_per_batch_selected=100.0,
                          input_tokens_total=100, input_tokens_kept=40)
     assert report.length_ratio() == 3.0  # padded tokens win over the mean input tokens
@@ -191,7 +192,13 @@ def test_summary_metrics_label_an_estimated_full_data_time():
     assert not any(key.endswith("_estimated") for key in metrics) and "cluster_select/seconds_saved" not in metrics
 
 
-def test_from_results():
+def test_build_from_the_outcome_the_plan_and_the_clock():
+    """One builder: counts from the clustering and selection, tokens (loss-bearing when counted, else input),
+    geometry and steps from the plan, seconds from the clock; `for_reuse` and `finalize` are the only later writers."""
+    from types import SimpleNamespace
+
+    from hf_cluster_select.clock import PhaseClock
+
     labels = np.array([0, 0, 0, 0, 0, 1, 1, 1, 2, 2])
     clustering = ClusteringResult(
         labels=labels, raw_labels=np.array([0, 0, 0, 0, -1, 1, 1, 1, 2, 2]),
@@ -199,10 +206,30 @@ def test_from_results():
     )
     selection = Selection(indices=np.array([0, 3, 5, 8]), weights=np.array([2.5, 2.5, 3.0, 2.0]),
                           labels=np.array([0, 0, 1, 2]), n_total=10)
-    report = SelectionReport.from_results(clustering, selection, ClusterSelectConfig(), world_size=2)
+    plan = SimpleNamespace(world_size=2, per_device_batch_size=4, gradient_accumulation_steps=1, warmup_steps=3,
+                           selected_steps=5, full_data_steps=12)
+    clock = PhaseClock()
+    clock.seconds.update(warmup=2.0, features=1.5, clustering=0.5)
+    lengths = np.arange(1, 11)
+    report = SelectionReport.build(clustering, selection, ClusterSelectConfig(), lengths=lengths,
+                                   loss_tokens=lengths - 1, plan=plan, clock=clock, feature_used="badge")
     assert report.cluster_sizes == [5, 3, 2] and report.kept_per_cluster == [2, 1, 1]
     assert report.n_noise == 1 and report.n_kept == 4 and report.fraction_kept == 0.4 and report.world_size == 2
-    assert report.config == ClusterSelectConfig().to_dict()
+    assert report.config == ClusterSelectConfig().to_dict() and report.feature_used == "badge"
+    assert (report.token_kind, report.tokens_total, report.tokens_kept) == ("loss", 45, 0 + 3 + 5 + 8)
+    assert (report.input_tokens_total, report.input_tokens_kept) == (55, 1 + 4 + 6 + 9)
+    assert (report.warmup_steps, report.selected_steps, report.full_data_steps) == (3, 5, 12)
+    assert (report.warmup_seconds, report.features_seconds, report.selection_seconds) == (2.0, 1.5, 2.0)
+    plain = SelectionReport.build(clustering, selection, ClusterSelectConfig(), lengths=lengths)
+    assert (plain.token_kind, plain.tokens_total, plain.selected_steps, plain.features_seconds) == (
+        "input", 55, None, None)  # no feature pass counted, no training plan, no clock
+    reused = report.for_reuse(SimpleNamespace(selected_steps=7, full_data_steps=12))
+    assert (reused.warmup_steps, reused.selection_seconds, reused.selected_steps) == (0, 0.0, 7)
+    assert reused.kept_indices == report.kept_indices and report.selected_steps == 5  # a copy
+    clock.seconds.update(training=6.0)
+    finished = reused.finalize(clock, measured_full_seconds=20.0)
+    assert finished is reused and (finished.training_seconds, finished.full_data_seconds_basis) == (6.0, "measured")
+    assert finished.seconds_saved == pytest.approx(20.0 - (2.0 + 0.0 + 6.0))  # warm-up + selection + training
 
 
 def test_plot_cluster_sizes_writes_png(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tiny_assets
 import torch
 
 from hf_cluster_select import ClusterSelectConfig, Selection, SelectionRun
@@ -12,11 +13,16 @@ from hf_cluster_select.persistence import SavedSelection
 LENGTHS = [3 + (i % 5) for i in range(40)]
 
 
+FACT_NAMES = ("shift_labels", "strata", "token_digest", "model_config")
+
+
 def make_run(config=None, **overrides):
+    """A `SelectionRun` of 40 examples on 2 ranks; `overrides` of its arguments or of its `RunFacts`."""
+    facts = tiny_assets.run_facts(**{k: overrides.pop(k) for k in FACT_NAMES if k in overrides})
     values = dict(lengths=LENGTHS, world_size=2, per_device_batch_size=2, gradient_accumulation_steps=1,
-                  num_train_epochs=2, max_steps=-1, lr_warmup_steps=3, shift_labels=True)
+                  num_train_epochs=2, max_steps=-1, lr_warmup_steps=3)
     values.update(overrides)
-    return SelectionRun(config or ClusterSelectConfig(data_fraction=0.5), **values)
+    return SelectionRun(config or ClusterSelectConfig(data_fraction=0.5), facts, **values)
 
 
 def selection_of(indices, all_labels):
@@ -33,7 +39,7 @@ def test_plan_from_plain_values():
     assert (plan.n_examples, plan.n_kept, plan.warmup_steps) == (40, 20, 3)
     assert plan.selected_batches_per_epoch == 5 and plan.selected_steps == 10 and plan.total_steps == 13
     assert len(run.warmup_sampler) == 3 * 2  # warm-up steps × accumulation × world size
-    assert run.shift_labels and run.selection is None and run.loss_weights(torch.arange(4)) is None
+    assert run.facts.shift_labels and run.selection is None and run.loss_weights(torch.arange(4)) is None
 
 
 def test_warmup_ratio_and_config_override():
@@ -94,7 +100,7 @@ def test_paper_allocation_needs_two_ranks():
 
 
 def test_strata_must_cover_every_example():
-    assert make_run(strata=["a"] * 40).strata == ["a"] * 40
+    assert make_run(strata=["a"] * 40).facts.strata == ("a",) * 40
     with pytest.raises(ValueError, match="one value per example"):
         make_run(strata=["a"] * 39)
 
@@ -145,7 +151,9 @@ def test_resume_refuses_other_tokens_and_other_selection_settings():
         run.adopt_saved(saved(changed))
     with pytest.raises(ValueError, match=r"data_fraction: 0\.25 in the checkpoint, 0\.5 now"):
         run.adopt_saved(saved(dict(config.to_dict(), data_fraction=0.25)))
-    run.adopt_saved(saved(dict(config.to_dict(), balance_window=3, balance_tokens=False)))  # batching only
+    with pytest.raises(ValueError, match=r"kept_per_cluster: 8 in the checkpoint, 4 now"):  # a strategy setting
+        run.adopt_saved(saved(dict(config.to_dict(), strategy_kwargs={"kept_per_cluster": 8})))
+    run.adopt_saved(saved(dict(config.to_dict(), strategy_kwargs={"balance_window": 3, "balance_tokens": False})))  # batching only
     assert run.selection is selection
     model = {"model_class": "LlamaForCausalLM", "hidden_size": 32, "num_hidden_layers": 2}
     with_model = make_run(config, token_digest=digest, model_config=model)
@@ -156,5 +164,23 @@ def test_resume_refuses_other_tokens_and_other_selection_settings():
         with_model.adopt_saved(other_model)
     with_model.adopt_saved(other_model, check_model=False)  # ClusterTrainer(selection=...): any model may train on it
     assert with_model.selection is selection
-    legacy = make_run(config, token_digest=digest)  # a v0.1 checkpoint: lengths-only fingerprint
-    legacy.adopt_saved(saved(config.to_dict(), data_fingerprint(np.asarray(LENGTHS))))
+    with pytest.raises(ValueError, match="fingerprint mismatch"):  # a lengths-only fingerprint (0.1) is refused
+        make_run(config, token_digest=digest).adopt_saved(saved(config.to_dict(), data_fingerprint(np.asarray(LENGTHS))))
+
+
+def test_run_facts_are_resolved_once():
+    """`resolve_run_facts`: the feature as given (or resolved per model), and whether weights can differ from 1 —
+    below `data_fraction=1.0`, and at 1.0 under CluSTER's allocation (its per-rank weights), not otherwise."""
+    from hf_cluster_select.run import resolve_run_facts
+
+    model = torch.nn.Linear(3, 2)
+    cases = [(ClusterSelectConfig(feature="badge", data_fraction=0.3), True),
+             (ClusterSelectConfig(feature="badge", data_fraction=1.0), False),
+             (ClusterSelectConfig.paper(data_fraction=1.0), True)]
+    for config, weighted in cases:
+        facts = resolve_run_facts(model, config, shift_labels=False, strata=["a", "b"], token_digest="t")
+        assert facts.loss_weighted is weighted and facts.strata == ("a", "b") and facts.token_digest == "t"
+        assert (facts.feature, facts.feature_layers, facts.feature_used) == (config.feature, None, config.feature)
+    with pytest.raises(TypeError, match="`facts` must be a RunFacts"):
+        SelectionRun(ClusterSelectConfig(), None, lengths=LENGTHS, world_size=1, per_device_batch_size=2,
+                     gradient_accumulation_steps=1, num_train_epochs=1)

@@ -100,7 +100,7 @@ def test_peripheral_and_central_exact():
 
 def test_weights_follow_cluster_sizes():
     labels = np.array([0] * 6 + [1] * 3 + [2])
-    chosen = select_from_labels(labels, np.arange(10.0), data_fraction=0.5)
+    chosen = select_from_labels(labels, np.arange(10.0), data_fraction=0.5, within_cluster="peripheral")
     assert chosen.indices.tolist() == [0, 1, 5, 6, 9]  # quotas [3, 1, 1]; ties (0/5, 1/4, 6/8) → lower index
     assert chosen.weights.tolist() == [2.0, 2.0, 2.0, 3.0, 1.0]
     assert chosen.weights.sum() == 10.0
@@ -219,7 +219,7 @@ def test_a_repeated_row_takes_one_slot_and_keeps_its_weight():
     rng = np.random.default_rng(0)
     distinct = np.r_[rng.normal(size=(30, 8)), 4 + rng.normal(size=(30, 8))]
     features = np.r_[distinct, np.repeat(distinct[:1] * 3.0, 15, axis=0)]  # copies of row 0's direction
-    result = cluster_features(features, ClusterSelectConfig(cluster_method="kmeans", kmeans_n_clusters=2))
+    result = cluster_features(features, ClusterSelectConfig(cluster_method="kmeans", strategy_kwargs={"kmeans_n_clusters": 2}))
     copies = [0, *range(60, 75)]
     assert np.unique(result.groups[copies]).size == 1 and np.unique(result.groups).size == 60
     for rule in ("peripheral", "central", "random", "kcenter", "importance_norm"):
@@ -261,7 +261,7 @@ def test_fine_kmeans_cuts_each_blob_into_strata_of_the_budget():
     centres = np.array([[20.0, 0, 0], [0, 20.0, 0], [0, 0, 20.0]])
     features = np.concatenate([c + rng.normal(size=(30, 3)) for c in centres])
     blob = np.repeat(np.arange(3), 30)
-    config = ClusterSelectConfig(data_fraction=0.4, cluster_method="fine_kmeans", kept_per_cluster=4)
+    config = ClusterSelectConfig(data_fraction=0.4, cluster_method="fine_kmeans", strategy_kwargs={"kept_per_cluster": 4})
     result = cluster_features(features, config)
     assert result.n_clusters == 9 and result.params["n_clusters_requested"] == 9  # ceil(36 kept / 4)
     assert all(len(set(blob[result.labels == c])) == 1 for c in range(9))  # no stratum spans two blobs

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tiny_assets
 import torch
 from transformers import TrainingArguments
 
@@ -78,11 +79,11 @@ def test_token_budget_bad_input():
     with pytest.raises(ValueError, match="`budget_unit` must be one of"):
         ClusterSelectConfig(budget_unit="words")
     with pytest.raises(ValueError, match="needs `balance_tokens`=True, `allocation`='balanced'.*got balance_tokens=False"):
-        ClusterSelectConfig(budget_unit="tokens", balance_tokens=False)
+        ClusterSelectConfig(budget_unit="tokens", strategy_kwargs={"balance_tokens": False})
     with pytest.raises(ValueError, match="allocation='paper'"):
-        ClusterSelectConfig.paper(budget_unit="tokens", balance_tokens=True)
+        ClusterSelectConfig.paper(budget_unit="tokens", strategy_kwargs={"balance_tokens": True})
     with pytest.raises(ValueError, match="quota='uniform'"):
-        ClusterSelectConfig(budget_unit="tokens", quota="uniform")
+        ClusterSelectConfig(budget_unit="tokens", strategy_kwargs={"quota": "uniform"})
 
 
 def test_token_budget_lands_within_one_member_for_a_nested_rule():
@@ -125,7 +126,7 @@ def test_plan_epoch_refuses_a_step_count_that_cannot_hold_the_examples():
 def test_selection_run_keeps_the_planned_steps_for_any_kept_count():
     lengths = [4] * 20 + [36] * 20  # 800 tokens
     config = ClusterSelectConfig(data_fraction=0.5, budget_unit="tokens", selection_warmup_steps=0)
-    run = SelectionRun(config, lengths=lengths, world_size=2, per_device_batch_size=2, gradient_accumulation_steps=1,
+    run = SelectionRun(config, tiny_assets.run_facts(), lengths=lengths, world_size=2, per_device_batch_size=2, gradient_accumulation_steps=1,
                        num_train_epochs=1)
     assert (run.plan.n_kept, run.plan.selected_steps_per_epoch) == (20, 5)  # steps of the same share of examples
     kept = np.r_[np.arange(20), np.arange(20, 29)]  # 29 examples, 80 + 324 = 404 tokens
@@ -136,7 +137,7 @@ def test_selection_run_keeps_the_planned_steps_for_any_kept_count():
     assert len(sampler) == 10 and sorted(i for batch in sampler for i in batch) == kept.tolist()
     assert run.plan.selected_steps == 5
     few_steps = SelectionRun(ClusterSelectConfig(data_fraction=0.1, budget_unit="tokens", selection_warmup_steps=0),
-                             lengths=lengths, world_size=2, per_device_batch_size=1, gradient_accumulation_steps=1,
+                             tiny_assets.run_facts(), lengths=lengths, world_size=2, per_device_batch_size=1, gradient_accumulation_steps=1,
                              num_train_epochs=1)
     assert few_steps.plan.selected_batches_per_epoch == 2  # 4 planned examples: room for 2 · 2 · 4 · 1 = 16
     with pytest.raises(ValueError, match="kept 20 examples, more than the 16 that the planned 2 steps"):

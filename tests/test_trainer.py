@@ -61,7 +61,7 @@ def build(tmp_path, tiny_lm, lm_dataset, collator, config=None, cls=RecordingTra
         args=make_args(tmp_path, **arg_overrides),
         train_dataset=lm_dataset,
         data_collator=collator,
-        cluster_config=config or ClusterSelectConfig(data_fraction=0.5, hdbscan_min_cluster_size=5),
+        cluster_config=config or ClusterSelectConfig(data_fraction=0.5),
     )
     trainer.seen = []
     return trainer
@@ -296,7 +296,7 @@ def test_stock_trainer_equivalence_at_full_fraction(tmp_path, lm_dataset, collat
 
     monkeypatch.setitem(FEATURES._entries, "hidden_mean", refuse)  # feature="auto" on a language model
     monkeypatch.setattr(pipeline, "cluster_features", refuse)
-    config = ClusterSelectConfig(data_fraction=1.0, selection_warmup_steps=4, balance_tokens=False)
+    config = ClusterSelectConfig(data_fraction=1.0, selection_warmup_steps=4, strategy_kwargs={"balance_tokens": False})
     ours = build(tmp_path / "o", copy.deepcopy(_tiny_lm_base), lm_dataset, collator, config=config)
     ours.train()
     plan = ours.step_plan
@@ -383,17 +383,29 @@ def test_classification_labels_are_not_shifted(tokenizer):
     assert not labels_are_shifted(model)
 
 
+@pytest.mark.parametrize("config", [ClusterSelectConfig(), ClusterSelectConfig.paper(data_fraction=1.0)],
+                         ids=["subset", "paper_weights_at_full_data"])
 @pytest.mark.parametrize("overrides, extra, message", [
     ({"label_smoothing_factor": 0.1}, {}, "label_smoothing_factor=0.1"),
     ({}, {"compute_loss_func": lambda outputs, labels, num_items_in_batch=None: outputs.loss}, "compute_loss_func"),
 ])
 def test_settings_that_would_drop_the_weights_are_refused(tmp_path, tiny_lm, lm_dataset, collator, overrides, extra,
-                                                          message):
+                                                          message, config):
+    """Also at `data_fraction=1.0` with CluSTER's allocation, whose per-rank weights K·|C_k|/N are not 1 (they were
+    dropped silently there: the check ran only below 1.0)."""
     trainer = ClusterTrainer(model=tiny_lm, args=make_args(tmp_path, **overrides), train_dataset=lm_dataset,
-                             data_collator=collator, cluster_config=ClusterSelectConfig(), **extra)
+                             data_collator=collator, cluster_config=config, **extra)
     with pytest.raises(ValueError, match=message):
-        trainer.train()
+        trainer.plan()  # before any model work, whatever the world size
     assert trainer.state.global_step == 0
+
+
+def test_label_smoothing_is_fine_when_no_weight_can_differ_from_one(tmp_path, tiny_lm, lm_dataset, collator):
+    trainer = ClusterTrainer(model=tiny_lm, args=make_args(tmp_path, label_smoothing_factor=0.1),
+                             train_dataset=lm_dataset, data_collator=collator,
+                             cluster_config=ClusterSelectConfig(data_fraction=1.0))
+    plan = trainer.plan()
+    assert trainer.selection_run.facts.loss_weighted is False and plan.n_kept == len(lm_dataset)
 
 
 def test_regression_head_is_refused_before_training(tmp_path, tokenizer):

@@ -233,7 +233,7 @@ def test_nonfinite_rows_form_their_own_group(method):
     features[[3, 25]] = np.nan
     features[47, 2] = np.inf
     features[50, 0] = -np.inf
-    config = hdbscan_config(cluster_method=method, kmeans_n_clusters=3, data_fraction=0.5)
+    config = hdbscan_config(cluster_method=method, data_fraction=0.5, **({"kmeans_n_clusters": 3} if method == "kmeans" else {}))
     result = cluster_features(features, config)
     bad = [3, 25, 47, 50]
     assert result.n_clusters == 4 and result.n_nonfinite == 4 and result.params["n_nonfinite_features"] == 4
@@ -253,7 +253,7 @@ def test_nonfinite_rows_form_their_own_group(method):
 def test_nonfinite_rows_join_the_smallest_cluster_when_merged():
     features, _ = blobs(sizes=(30, 12))
     features[[0, 1]] = np.nan
-    config = ClusterSelectConfig.paper(kmeans_size_cap=None)
+    config = ClusterSelectConfig.paper(strategy_kwargs={"kmeans_size_cap": None})
     result = cluster_features(features, config, world_size=2, loss_tokens=np.r_[np.ones(40), 0, 0].astype(int),
                               merge_unclusterable=True)
     assert result.n_clusters == 2 and result.n_nonfinite == 2 and result.n_no_loss == 2

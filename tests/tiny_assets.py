@@ -83,8 +83,25 @@ def build_collator(tokenizer):
 HDBSCAN_PIPELINE = dict(feature="last_layer_grad", cluster_method="hdbscan", within_cluster="peripheral")
 
 
-def hdbscan_config(**overrides):
-    """`ClusterSelectConfig` of the HDBSCAN pipeline (`HDBSCAN_PIPELINE`), with `overrides` on top."""
+def config_with(**values):
+    """`ClusterSelectConfig.from_flat(values)`: a key that is not a field is a strategy setting."""
     from hf_cluster_select import ClusterSelectConfig
 
-    return ClusterSelectConfig(**{**HDBSCAN_PIPELINE, **overrides})
+    return ClusterSelectConfig.from_flat(values)
+
+
+def hdbscan_config(**overrides):
+    """`ClusterSelectConfig` of the HDBSCAN pipeline (`HDBSCAN_PIPELINE`), with `overrides` on top (strategy
+    settings such as `hdbscan_min_cluster_size` too, see `config_with`)."""
+    return config_with(**{**HDBSCAN_PIPELINE, **overrides})
+
+
+def run_facts(**values):
+    """`RunFacts` of a causal LM run for tests that build a `SelectionRun` without a model (`values` override)."""
+    from hf_cluster_select._types import RunFacts
+
+    defaults = dict(shift_labels=True, feature="hidden_mean", feature_layers=None, feature_used="hidden_mean",
+                    loss_weighted=True)
+    if values.get("strata") is not None:
+        values["strata"] = tuple(values["strata"])
+    return RunFacts(**{**defaults, **values})

@@ -6,11 +6,12 @@ An allocation answers every question that depends on it, in one place:
 - `selects_before_training`: must the selection exist before the Trainer sizes its LR schedule (the batch count
   depends on the clusters)?
 - `exact_clusters`: must unclusterable rows join a cluster instead of forming groups of their own?
+- `weights_full_data`: do its loss weights differ from 1 even when every example is kept (`data_fraction=1.0`)?
 - `batches_per_rank(labels, world_size, per_device_batch_size)`: per-device batches each rank gets per epoch.
 - `plan(labels, lengths, ...)`: one epoch's per-device batches (positions); accelerate deals batch k to rank k % W.
 - `loss_weights(selection, all_labels, world_size)`: the loss weight of each kept example `[n_kept]`, mean about 1.
 
-Add one: a class with these members and `@ALLOCATIONS.register("name")`, and its name in `config.ALLOCATIONS`.
+Add one: a class with these members and `@ALLOCATIONS.register("name")` (with `settings=` for settings of its own).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 from .._types import Selection
 from ..config import ClusterSelectConfig
 from ..registry import ALLOCATIONS
+from ..settings import AllocationSettings
 from .paper import check_paper_allocation, cluster_rank_weights, plan_epoch_paper
 from .plan import batches_per_rank, plan_epoch
 
@@ -32,6 +34,7 @@ class BalancedAllocation:
 
     selects_before_training = False
     exact_clusters = False
+    weights_full_data = False
 
     def check(self, world_size: int, config: ClusterSelectConfig) -> None:
         """Nothing to check: works on any number of ranks and clusters."""
@@ -40,8 +43,9 @@ class BalancedAllocation:
         """`ceil(m / (W·B))` for `m = len(labels)` kept examples (known before selection)."""
         return batches_per_rank(len(labels), world_size, per_device_batch_size)
 
-    def plan(self, labels, lengths, *, world_size, per_device_batch_size, seed, epoch, balance_tokens=True,
-             window=8, micro_steps=None) -> list[list[int]]:
+    def plan(self, labels, lengths, *, world_size, per_device_batch_size, seed, epoch,
+             balance_tokens=AllocationSettings.balance_tokens, window=AllocationSettings.balance_window,
+             micro_steps=None) -> list[list[int]]:
         """`plan.plan_epoch` (`micro_steps`: a step count fixed in advance, see there)."""
         return plan_epoch(labels, lengths, world_size=world_size, per_device_batch_size=per_device_batch_size,
                           seed=seed, epoch=epoch, balance_tokens=balance_tokens, window=window,
@@ -59,18 +63,20 @@ class PaperAllocation:
 
     selects_before_training = True
     exact_clusters = True
+    weights_full_data = True  # K·|C_k|/N per rank, whatever is kept
 
     def check(self, world_size: int, config: ClusterSelectConfig) -> None:
         """`paper.check_paper_allocation`: at least 2 ranks, KMeans with K = world size."""
-        check_paper_allocation(world_size, config.cluster_method, config.kmeans_n_clusters)
+        check_paper_allocation(world_size, config.cluster_method, getattr(config.cluster_settings, "kmeans_n_clusters", None))
 
     def batches_per_rank(self, labels: Any, world_size: int, per_device_batch_size: int) -> int:
         """`ceil(largest kept cluster / B)`: the largest cluster's rank sets the pace."""
         largest = int(np.unique(np.asarray(labels), return_counts=True)[1].max())
         return -(-largest // per_device_batch_size)
 
-    def plan(self, labels, lengths, *, world_size, per_device_batch_size, seed, epoch, balance_tokens=True,
-             window=8) -> list[list[int]]:
+    def plan(self, labels, lengths, *, world_size, per_device_batch_size, seed, epoch,
+             balance_tokens=AllocationSettings.balance_tokens,
+             window=AllocationSettings.balance_window) -> list[list[int]]:
         """`paper.plan_epoch_paper` (lengths and token balance are not used: CluSTER balances example counts)."""
         return plan_epoch_paper(labels, world_size=world_size, per_device_batch_size=per_device_batch_size,
                                 seed=seed, epoch=epoch)

@@ -20,7 +20,7 @@ def plan_padded_tokens(lengths: np.ndarray, batches: Sequence[Sequence[int]]) ->
     return float(np.mean(sizes)) if sizes else 0.0
 
 
-def random_batch_padded_tokens(lengths: np.ndarray, batch_size: int, seed: int = 0, epochs: int = 4) -> float:
+def random_batch_padded_tokens(lengths: np.ndarray, batch_size: int, seed: int, epochs: int = 4) -> float:
     """Mean padded tokens of the stock sampler's batches: `epochs` seeded random permutations of `lengths` `[n]`
     cut into batches of `batch_size` (the last one smaller), each padded to its longest example."""
     lengths = np.asarray(lengths, dtype=np.int64)

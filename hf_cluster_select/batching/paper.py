@@ -16,7 +16,7 @@ def check_paper_allocation(world_size: int, cluster_method: str, kmeans_n_cluste
     Args:
         world_size (`int`): data-parallel ranks `W`.
         cluster_method (`str`): `ClusterSelectConfig.cluster_method`.
-        kmeans_n_clusters (`int` or `None`): `ClusterSelectConfig.kmeans_n_clusters` (`None` = `W`).
+        kmeans_n_clusters (`int` or `None`): the `kmeans_n_clusters` setting (`None` = `W`).
     Raises:
         ValueError: with fewer than 2 ranks, a clusterer other than KMeans (HDBSCAN chooses its own number of
             clusters), or a KMeans `K` other than `W`.

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_int, check_int_array
+from ..settings import AllocationSettings
 from .token_budget import MAX_EXAMPLES_FACTOR, HEAD_FIT, PARTNER_SPAN, plan_token_balanced  # noqa: F401
 
 
@@ -120,8 +121,8 @@ def plan_epoch(
     per_device_batch_size: int,
     seed: int,
     epoch: int,
-    balance_tokens: bool = True,
-    window: int = 8,
+    balance_tokens: bool = AllocationSettings.balance_tokens,
+    window: int = AllocationSettings.balance_window,
     micro_steps: int | None = None,
 ) -> list[list[int]]:
     """One epoch of per-device batches, every micro-step mixing clusters in proportion and (optionally) tokens balanced.
@@ -156,8 +157,8 @@ def plan_epoch(
             average with it).
         seed (`int`): seed of the order; the same `(seed, epoch)` gives the same plan on every rank.
         epoch (`int`): epoch number, >= 0.
-        balance_tokens (`bool`, *optional*, defaults to `True`): token-budget batches of equal padded size per step.
-        window (`int`, *optional*, defaults to `8`): lookahead in micro-steps when balancing tokens (the longest
+        balance_tokens (`bool`, *optional*, defaults to `AllocationSettings.balance_tokens`): token-budget batches of equal padded size per step.
+        window (`int`, *optional*, defaults to `AllocationSettings.balance_window`): lookahead in micro-steps when balancing tokens (the longest
             example that waited this many steps leads the next step).
         micro_steps (`int`, *optional*): `G`, micro-steps in the epoch, instead of `ceil(m / (W·B))`: a step count
             fixed before the kept count is known (`budget_unit="tokens"`). Needs `balance_tokens` when

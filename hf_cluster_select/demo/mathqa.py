@@ -1,5 +1,5 @@
-"""MathQA for the demo: loading, chat-format tokenization with prompt-masked labels, padding, and
-multiple-choice accuracy.
+"""MathQA for the demo: loading, chat-format tokenization with prompt-masked labels, and multiple-choice accuracy
+(padding is `hf_cluster_select.collate.pad_collate`, re-exported here).
 
 Data: BIG-bench `elementary_math_qa.question_with_mathematical_hint` (7,688 MathQA problems, Amini et al.,
 NAACL 2019), shipped in `hf_cluster_select/demo/data/` (see its NOTICE.md). Each file example is the question, a
@@ -20,6 +20,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from ..collate import pad_collate  # noqa: F401  (re-exported: `demo.pad_collate`)
 from ..loss_tokens import IGNORE_INDEX
 
 logger = logging.getLogger(__name__)
@@ -168,38 +169,6 @@ def tokenize_mathqa(dataset, tokenizer, max_length: int = 128, with_program: boo
             max_length,
         )
     return kept
-
-
-def pad_collate(features: Sequence[dict], pad_token_id: int) -> dict:
-    """Right-pad a list of tokenized examples into a batch.
-
-    Args:
-        features (`list[dict]`): each with `input_ids` and optionally `attention_mask` and `labels` (lists or 1-D
-            tensors of equal length).
-        pad_token_id (`int`): id written into padded `input_ids` positions (may equal EOS: labels never derive
-            from it).
-    Returns:
-        `dict[str, torch.Tensor]`: `input_ids`, `attention_mask` (0 on padding) and, when given, `labels` (-100 on
-        padding), each int64 of shape `[batch, longest]`.
-    """
-    import torch
-
-    longest = max(len(feature["input_ids"]) for feature in features)
-    has_labels = "labels" in features[0]
-    input_ids = torch.full((len(features), longest), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(features), longest), dtype=torch.long)
-    labels = torch.full((len(features), longest), IGNORE_INDEX, dtype=torch.long)
-    for row, feature in enumerate(features):
-        length = len(feature["input_ids"])
-        input_ids[row, :length] = torch.as_tensor(feature["input_ids"], dtype=torch.long)
-        mask = feature.get("attention_mask")
-        attention_mask[row, :length] = 1 if mask is None else torch.as_tensor(mask, dtype=torch.long)
-        if has_labels:
-            labels[row, :length] = torch.as_tensor(feature["labels"], dtype=torch.long)
-    batch = {"input_ids": input_ids, "attention_mask": attention_mask}
-    if has_labels:
-        batch["labels"] = labels
-    return batch
 
 
 def split_train_eval(dataset, eval_size: float, seed: int = 0):

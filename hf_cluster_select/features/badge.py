@@ -24,10 +24,10 @@ class Badge:
     """Per-token `(p - onehot(y)) ⊗ h`, flattened: `[c, V·H]` (exact) or `[c, r·H]` (class axis projected).
 
     Args:
-        seed (`int`, *optional*, defaults to `0`): seed of the class-axis projection.
+        seed (`int`): seed of the class-axis projection (the pipeline passes `selection_seed`).
     """
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int) -> None:
         self.seed = seed
         self._matrix: torch.Tensor | None = None
 

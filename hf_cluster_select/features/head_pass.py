@@ -20,7 +20,7 @@ import contextlib
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -124,15 +124,13 @@ def feature_pass(
 ) -> FeatureOutput:
     """One forward pass (no backward) over `dataset[indices]`, one `signal` vector per example.
 
-    `h_t` is the input of the model's output head, captured with a forward hook on `model.get_output_embeddings()`
-    (exact whatever the norm placement) or, for sequence classification, on `score` / `classifier` (its `out_proj`
-    for RoBERTa-style heads); logits are taken in fp32. Causal LMs: `logits[:, t]` is scored against
-    `labels[:, t + 1]` (tokens labelled -100 carry no loss); without `labels`, targets are the `input_ids` with
-    padding (attention_mask == 0) ignored. Encoder–decoder models: labels are not shifted. Sequence classification:
-    one token per example, at the position the model pools; without `labels`, the predicted class (BADGE).
-    Examples are packed longest-first under a padded-token budget of `batch_size` × the longest length (short
-    examples in larger batches, at most 4·`batch_size`); the model runs in eval mode under `torch.inference_mode()`
-    and its modules' training flags and hooks are restored afterwards. PEFT models work.
+    `h_t` is captured with a forward hook on `model.get_output_embeddings()` (exact whatever the norm placement)
+    or, for sequence classification, on `score` / `classifier` (its `out_proj` for RoBERTa-style heads); logits are
+    taken in fp32. Causal LMs: `logits[:, t]` is scored against `labels[:, t + 1]` (tokens labelled -100 carry no
+    loss); without `labels`, targets are the `input_ids` with padding (attention_mask == 0) ignored. Encoder–decoder
+    models: labels are not shifted. Sequence classification: one token per example, at the position the model
+    pools; without `labels`, the predicted class (BADGE). A batch holds at most 4·`batch_size` examples; the
+    modules' training flags and hooks are restored afterwards. PEFT models work.
 
     Args:
         model (`torch.nn.Module`): a transformers model (or PEFT wrapper) whose forward takes the collated batch.
@@ -167,53 +165,96 @@ def feature_pass(
     indices, lengths = validate_inputs(model, dataset, indices, collate_fn, batch_size, lengths, projection)
     head, token_level = resolve_head(model)
     accepted = _forward_keys(model)
+    device, cast = _device_and_autocast(model, autocast)
+    batches = token_batches(lengths, batch_size)
+    captured: dict[str, Any] = {}
+    rows = _FeatureRows(len(indices))
+    with _eval_with_hooks(model, head, captured), torch.inference_mode(), cast:
+        for positions in tqdm(batches, desc=desc, disable=not show_progress):
+            batch = collate_fn([dataset[indices[k]] for k in positions])
+            tokens = head_tokens(model, batch, captured, accepted, device, shift_labels, token_level,
+                                 gather_loss_positions)
+            captured.clear()
+            vectors, counts, batch_losses = _batch_features(tokens, signal)
+            vectors, projection = _project(vectors, projection, projection_dim, projection_seed)
+            rows.store(positions, vectors, counts, batch_losses, normalize)
+    return rows.output(time.perf_counter() - start_time)
+
+
+def _device_and_autocast(model: torch.nn.Module, autocast: bool | None) -> tuple[torch.device, Any]:
+    """The model's device (CPU without parameters) and the context of its forward: `torch.autocast` in bf16 when
+    `autocast` is True, or None on CUDA; otherwise a null context."""
     parameter = next(model.parameters(), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
     use_autocast = device.type == "cuda" if autocast is None else bool(autocast)
     cast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16) if use_autocast
             else contextlib.nullcontext())
-    batches = token_batches(lengths, batch_size)
-    captured: dict[str, Any] = {}
+    return device, cast
+
+
+@contextlib.contextmanager
+def _eval_with_hooks(model: torch.nn.Module, head: torch.nn.Module, captured: dict) -> Iterator[None]:
+    """`model` in eval mode with `install_hooks` on `head`; the hooks removed and every module's training flag
+    restored on exit."""
     modes = [(module, module.training) for module in model.modules()]
     handles = install_hooks(head, captured)
-    n = len(indices)
-    features, norms = None, torch.zeros(n, dtype=torch.float32)
-    loss_tokens, losses = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.float32)
     try:
         model.eval()
-        with torch.inference_mode(), cast:
-            for positions in tqdm(batches, desc=desc, disable=not show_progress):
-                batch = collate_fn([dataset[indices[k]] for k in positions])
-                tokens = head_tokens(model, batch, captured, accepted, device, shift_labels, token_level,
-                                     gather_loss_positions)
-                captured.clear()
-                vectors, counts, batch_losses = _batch_features(tokens, signal)
-                if projection is None and projection_dim is not None:
-                    projection = RandomProjection(vectors.shape[1], projection_dim, seed=projection_seed)
-                if projection is not None:
-                    in_dim = getattr(projection, "in_dim", vectors.shape[1])
-                    if in_dim != vectors.shape[1]:
-                        raise ValueError(f"`projection` expects vectors of size {in_dim}, but the signal has size "
-                                         f"{vectors.shape[1]}.")
-                    vectors = projection(vectors).float()
-                rows = torch.tensor(positions, dtype=torch.int64)
-                row_norms = vectors.norm(dim=1)
-                norms[rows] = row_norms.cpu()
-                if normalize:
-                    vectors = vectors / row_norms.clamp_min(torch.finfo(torch.float32).tiny)[:, None]
-                if features is None:
-                    with torch.inference_mode(False):  # a normal tensor: callers may write to it
-                        features = feature_storage(n, vectors.shape[1])
-                features[rows] = vectors.cpu()
-                loss_tokens[rows], losses[rows] = counts, batch_losses
+        yield
     finally:
         for handle in handles:
             handle.remove()
         for module, training in modes:
             module.training = training
-    assert features is not None  # indices is non-empty
-    return FeatureOutput(features=features, loss_tokens=loss_tokens, seconds=time.perf_counter() - start_time,
-                         norms=norms.clone(), losses=losses.clone())
+
+
+def _project(vectors: torch.Tensor, projection: Callable[[torch.Tensor], torch.Tensor] | None,
+             projection_dim: int | None, projection_seed: int) -> tuple[torch.Tensor, Any]:
+    """A batch's `[B, D]` vectors through `projection` (without one, a `RandomProjection` built for `D` when
+    `projection_dim` is set); returns them as float32 and the projection to reuse for the next batch.
+
+    Raises:
+        ValueError: if the projection's `in_dim` differs from `D`.
+    """
+    if projection is None and projection_dim is not None:
+        projection = RandomProjection(vectors.shape[1], projection_dim, seed=projection_seed)
+    if projection is not None:
+        in_dim = getattr(projection, "in_dim", vectors.shape[1])
+        if in_dim != vectors.shape[1]:
+            raise ValueError(f"`projection` expects vectors of size {in_dim}, but the signal has size "
+                             f"{vectors.shape[1]}.")
+        vectors = projection(vectors).float()
+    return vectors, projection
+
+
+class _FeatureRows:
+    """The per-example outputs of `feature_pass` for `n` requested indices, filled batch by batch."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.features: torch.Tensor | None = None
+        self.norms = torch.zeros(n, dtype=torch.float32)
+        self.loss_tokens, self.losses = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.float32)
+
+    def store(self, positions: Sequence[int], vectors: torch.Tensor, counts: torch.Tensor, losses: torch.Tensor,
+              normalize: bool) -> None:
+        """Rows `positions` of the outputs: raw norms, the vectors (L2-normalised when asked), counts and losses."""
+        rows = torch.tensor(positions, dtype=torch.int64)
+        row_norms = vectors.norm(dim=1)
+        self.norms[rows] = row_norms.cpu()
+        if normalize:
+            vectors = vectors / row_norms.clamp_min(torch.finfo(torch.float32).tiny)[:, None]
+        if self.features is None:
+            with torch.inference_mode(False):  # a normal tensor: callers may write to it
+                self.features = feature_storage(self.n, vectors.shape[1])
+        self.features[rows] = vectors.cpu()
+        self.loss_tokens[rows], self.losses[rows] = counts, losses
+
+    def output(self, seconds: float) -> FeatureOutput:
+        """The `FeatureOutput` of the filled rows."""
+        assert self.features is not None  # indices is non-empty
+        return FeatureOutput(features=self.features, loss_tokens=self.loss_tokens, seconds=seconds,
+                             norms=self.norms.clone(), losses=self.losses.clone())
 
 
 def signal_features(make_signal: Callable[[dict], Signal], doc: str,

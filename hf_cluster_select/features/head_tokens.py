@@ -171,21 +171,7 @@ def head_tokens(
         ValueError: for labels that are not class/token ids, or shapes that do not line up.
         RuntimeError: if the head was not called during the forward pass.
     """
-    if not isinstance(batch, Mapping):
-        raise TypeError(f"`collate_fn` must return a mapping of tensors, got {type(batch).__name__}.")
-    batch = dict(batch)
-    labels = batch.pop("labels", None)
-    inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items() if k in accepted}
-    if "use_cache" in accepted:
-        inputs["use_cache"] = False
-    config = getattr(model, "config", None)
-    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
-    if encoder_decoder and labels is None:
-        raise ValueError("encoder-decoder models need `labels` in the collated batch.")
-    if encoder_decoder and "decoder_input_ids" not in inputs and callable(
-        getattr(model, "prepare_decoder_input_ids_from_labels", None)
-    ):
-        inputs["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(labels=labels.to(device))
+    inputs, labels, encoder_decoder = _model_inputs(model, batch, accepted, device)
     shift = not encoder_decoder if shift_labels is None else bool(shift_labels)
     captured.clear()
     planned = None
@@ -208,16 +194,7 @@ def head_tokens(
             None if labels is None else labels.to(device), inputs, shift)
         logits, hidden = logits[rows, cols], hidden[rows, cols]
     elif logits.dim() == 2:  # sequence classification: one "token" per example
-        if labels is None:  # BADGE's hypothesised label
-            labels = logits.argmax(-1)
-        labels = labels.to(logits.device)
-        if labels.dim() == 2 and labels.shape[1] == 1:
-            labels = labels[:, 0]
-        if labels.dim() != 1 or labels.is_floating_point():
-            raise ValueError(
-                f"sequence-classification `labels` must be class ids of shape [B]; got dtype {labels.dtype}, shape "
-                f"{list(labels.shape)} (regression and multi-label targets are not supported)."
-            )
+        labels = _class_labels(labels, logits)
         rows = torch.arange(logits.shape[0], device=logits.device)
         if hidden.dim() == 3:  # head applied per position, then pooled (Llama-style `score`)
             hidden = hidden[rows, _pooled_positions(head_out, logits, inputs.get("input_ids"), _pad_token_id(model))]
@@ -225,15 +202,68 @@ def head_tokens(
         rows, targets, logits, hidden = rows[keep], labels[keep], logits[keep], hidden[keep]
     else:
         raise ValueError(f"unsupported logits of shape {list(logits.shape)}; expected [B, T, V] or [B, C].")
+    _check_tokens(hidden, logits, targets)
+    sizes = [v.shape[0] for v in (*inputs.values(), labels) if isinstance(v, torch.Tensor) and v.dim() > 0]
+    batch_size = sizes[0] if sizes else int(rows.max()) + 1
+    return HeadTokens(int(batch_size), rows, targets, hidden, logits)
+
+
+def _model_inputs(model: torch.nn.Module, batch: Mapping[str, Any], accepted: set[str],
+                  device: torch.device) -> tuple[dict, torch.Tensor | None, bool]:
+    """The forward's inputs on `device` (keys it takes, no KV cache, decoder inputs built from the labels), the
+    popped `labels` (or None), and whether the model is an encoder–decoder.
+
+    Raises:
+        TypeError: if `batch` is not a mapping.
+        ValueError: if an encoder–decoder batch has no `labels`.
+    """
+    if not isinstance(batch, Mapping):
+        raise TypeError(f"`collate_fn` must return a mapping of tensors, got {type(batch).__name__}.")
+    batch = dict(batch)
+    labels = batch.pop("labels", None)
+    inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items() if k in accepted}
+    if "use_cache" in accepted:
+        inputs["use_cache"] = False
+    config = getattr(model, "config", None)
+    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+    if encoder_decoder and labels is None:
+        raise ValueError("encoder-decoder models need `labels` in the collated batch.")
+    if encoder_decoder and "decoder_input_ids" not in inputs and callable(
+        getattr(model, "prepare_decoder_input_ids_from_labels", None)
+    ):
+        inputs["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(labels=labels.to(device))
+    return inputs, labels, encoder_decoder
+
+
+def _class_labels(labels: torch.Tensor | None, logits: torch.Tensor) -> torch.Tensor:
+    """Sequence-classification targets `[B]` on the logits' device: the class ids given (`[B]` or `[B, 1]`), or
+    BADGE's hypothesised label (the predicted class) without labels.
+
+    Raises:
+        ValueError: for labels that are not class ids of shape `[B]` (regression, multi-label).
+    """
+    if labels is None:  # BADGE's hypothesised label
+        labels = logits.argmax(-1)
+    labels = labels.to(logits.device)
+    if labels.dim() == 2 and labels.shape[1] == 1:
+        labels = labels[:, 0]
+    if labels.dim() != 1 or labels.is_floating_point():
+        raise ValueError(
+            f"sequence-classification `labels` must be class ids of shape [B]; got dtype {labels.dtype}, shape "
+            f"{list(labels.shape)} (regression and multi-label targets are not supported)."
+        )
+    return labels
+
+
+def _check_tokens(hidden: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor) -> None:
+    """Raise `ValueError` unless head inputs `[k, H]`, logits `[k, V]` and targets `[k]` line up and every target
+    is an id in `[0, V)`."""
     if hidden.shape[0] != logits.shape[0] or targets.shape[0] != logits.shape[0]:
         raise ValueError(f"shapes do not line up: head input {list(hidden.shape)}, logits {list(logits.shape)}, "
                          f"targets {list(targets.shape)}.")
     vocab = logits.shape[-1]
     if targets.numel() and (targets.min() < 0 or targets.max() >= vocab):
         raise ValueError(f"`labels` hold ids outside [0, {vocab}) other than {IGNORE_INDEX}.")
-    sizes = [v.shape[0] for v in (*inputs.values(), labels) if isinstance(v, torch.Tensor) and v.dim() > 0]
-    batch_size = sizes[0] if sizes else int(rows.max()) + 1
-    return HeadTokens(int(batch_size), rows, targets, hidden, logits)
 
 
 def install_hooks(head: torch.nn.Module, captured: dict) -> list:

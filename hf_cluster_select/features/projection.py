@@ -31,13 +31,13 @@ class RandomProjection:
     Args:
         in_dim (`int`): dimension of the vectors to project, >= 1.
         out_dim (`int`): dimension after projection, >= 1.
-        seed (`int`, *optional*, defaults to `0`): seed of the matrix; the same seed gives the same matrix everywhere.
+        seed (`int`): seed of the matrix (the pipeline passes `selection_seed`); the same seed gives the same matrix everywhere.
     Raises:
         TypeError: if an argument is not an int.
         ValueError: if `in_dim` or `out_dim` is below 1.
     """
 
-    def __init__(self, in_dim: int, out_dim: int, seed: int = 0) -> None:
+    def __init__(self, in_dim: int, out_dim: int, seed: int) -> None:
         self.in_dim = _check_positive_int("in_dim", in_dim)
         self.out_dim = _check_positive_int("out_dim", out_dim)
         if isinstance(seed, bool) or not isinstance(seed, int):

@@ -16,7 +16,6 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from ..batching.meter import TokenBalanceMeter
-from ..reporting.outputs import write_report_files
 from .outputs import savings_metrics
 
 
@@ -88,11 +87,7 @@ class ClusterSelectCallback(TrainerCallback, ExportableState):
         run = self._run()
         if run is None or run.report is None:
             return control
-        report = run.finalize_report()
-        self.trainer.log(savings_metrics(report))
-        report.eval_metrics = self.trainer.latest_eval_metrics()
+        self.trainer.log(savings_metrics(run.finalize_report()))
         if state.is_world_process_zero:
-            base = getattr(getattr(self.trainer.model, "config", None), "_name_or_path", None)
-            write_report_files(args.output_dir, report, base)
-            run.save(args.output_dir)
+            self.trainer.write_selection_outputs(args.output_dir)
         return control

@@ -1,9 +1,14 @@
-"""The transformers / TRL versions the adapters are tested with, and the private hooks they override (layer L4).
+"""The transformers / TRL versions the adapters support, and the private hooks they override (layer L4).
 
 `ClusterSelectMixin` overrides three private `Trainer` methods (no public seam exists for epochs of different
-lengths) and calls three more. `HOOK_SIGNATURES` records their parameter names in the tested versions;
-`tests/test_compat.py` compares them with the installed transformers, so a release that changes one fails in CI,
-not silently at a user's. `warn_if_untested` runs when the adapters are imported.
+lengths) and calls three more. `HOOK_SIGNATURES` records their parameter names; `tests/test_compat.py` compares them
+with the installed transformers, so a release that changes one fails in CI, not silently at a user's.
+
+`SUPPORTED` gives, per package, the lowest supported release (setup.cfg's lower bound; CI's `make test-lowest` runs
+the tests with exactly these) and the newest release CI has tested (information only: newer releases are not
+refused, and setup.cfg has no upper bound, so the package installs next to whatever versions a user has).
+`warn_if_unsupported` runs once when the adapters are imported: it warns, never refuses, when a package is older
+than its lowest supported release or a hook's signature differs from `HOOK_SIGNATURES`.
 """
 
 from __future__ import annotations
@@ -11,15 +16,34 @@ from __future__ import annotations
 import inspect
 import logging
 from importlib import metadata
+from typing import NamedTuple
 
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 logger = logging.getLogger(__name__)
 
-# package: (lowest tested, first untested)
-TESTED_RANGES = {"transformers": ("5.24.0", "5.25.0"), "trl": ("1.16.0", "1.17.0")}
 
-HOOK_SIGNATURES = {  # Trainer method → parameter names (self included), as in transformers 5.24
+class Supported(NamedTuple):
+    lowest: str  # the lowest release the tests pass with (setup.cfg's lower bound)
+    newest_tested: str  # the newest release CI has run the tests with (information, not a bound)
+
+
+# Why these lowest releases (measured with tests/test_trainer.py, test_sft.py, test_compat.py, test_run.py):
+# - transformers < 5.3: no `Trainer._run_epoch` / `_init_training_state`; < 5.15: no
+#   `TrainingArguments.dataloader_multiprocessing_context` (ClusterTrainer builds its DataLoaders with it);
+#   < 5.23: no `activation_checkpointing` argument (what ClusterSFTTrainer tells CPU users to turn off, and what the
+#   SFT tests pass).
+# - trl < 1.16: 1.4-1.14 resolve `loss_type` to 'chunked_nll' (ClusterSFTTrainer needs per-token 'nll' for its
+#   loss weights), 1.15 computes the loss with a Triton kernel that CPU-only torch lacks, and <= 1.3 fail the SFT
+#   masking / truncation tests. TRL 1.16 itself needs transformers >= 4.56.2 only.
+# Newest: transformers 5.25.0 requires kernels>=0.19.1, which the package registry CI installs from lacks, so CI's
+# newest environment resolves 5.24.0; 5.25.0 installed without that requirement passed the same four test files.
+SUPPORTED = {
+    "transformers": Supported(lowest="5.23.0", newest_tested="5.24.0"),
+    "trl": Supported(lowest="1.16.0", newest_tested="1.16.0"),
+}
+
+HOOK_SIGNATURES = {  # Trainer method → parameter names (self included), the same in transformers 5.3 to 5.25
     "set_initial_training_values": ["self", "args", "dataloader"],
     "_init_training_state": ["self", "max_steps", "num_update_steps_per_epoch", "num_train_epochs",
                              "resume_from_checkpoint", "trial"],
@@ -33,17 +57,20 @@ HOOK_SIGNATURES = {  # Trainer method → parameter names (self included), as in
     "compute_loss": ["self", "model", "inputs", "return_outputs", "num_items_in_batch"],
 }
 
+_warned = False  # warn_if_unsupported has run in this process
 
-def untested_versions() -> list[str]:
-    """One sentence per installed package outside its tested range (`TESTED_RANGES`); empty when all are in it."""
+
+def too_old_versions() -> list[str]:
+    """One sentence per installed package older than its lowest supported release (`SUPPORTED`); empty when none
+    is. A package that is not installed, or whose version does not parse, is not reported."""
     problems = []
-    for package, (low, high) in TESTED_RANGES.items():
+    for package, supported in SUPPORTED.items():
         try:
             installed = Version(metadata.version(package))
-        except metadata.PackageNotFoundError:
+        except (metadata.PackageNotFoundError, InvalidVersion):
             continue
-        if not Version(low) <= installed < Version(high):
-            problems.append(f"{package} {installed} (tested: >={low},<{high})")
+        if installed < Version(supported.lowest):
+            problems.append(f"{package} {installed} (lowest supported: {supported.lowest})")
     return problems
 
 
@@ -59,15 +86,28 @@ def hook_mismatches(trainer_class: type) -> dict[str, list[str]]:
     return found
 
 
-def warn_if_untested() -> None:
-    """Log a warning naming every package outside its tested range and every changed private hook."""
-    problems = untested_versions()
-    if problems:
-        logger.warning("hf_cluster_select is tested with %s; installed: %s. Selection overrides private Trainer "
-                       "hooks, so check results on this version.", ", ".join(
-                           f"{p} >={lo},<{hi}" for p, (lo, hi) in TESTED_RANGES.items()), "; ".join(problems))
-    from transformers import Trainer
-
-    changed = hook_mismatches(Trainer)
+def warn_if_unsupported(trainer_class: type | None = None) -> None:
+    """Log one warning naming every package older than its lowest supported release, and one naming every private
+    hook of `trainer_class` (default `transformers.Trainer`) whose signature changed. Runs once per process (later
+    calls do nothing); never raises for a version or a hook."""
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    old = too_old_versions()
+    if old:
+        logger.warning(
+            "hf_cluster_select supports %s; installed: %s. Upgrade (`pip install -U %s`): selection overrides "
+            "private Trainer hooks and relies on arguments that older releases lack.",
+            ", ".join(f"{p}>={s.lowest}" for p, s in SUPPORTED.items()), "; ".join(old),
+            " ".join(sorted(p.split()[0] for p in old)))
+    if trainer_class is None:
+        from transformers import Trainer as trainer_class
+    changed = hook_mismatches(trainer_class)
     if changed:
-        logger.warning("transformers.Trainer hooks that hf_cluster_select overrides changed signature: %s.", changed)
+        supported = SUPPORTED["transformers"]
+        logger.warning(
+            "transformers.Trainer hooks that hf_cluster_select overrides have changed: %s (expected the parameters of "
+            "transformers %s to %s). Selection may fail or train on the wrong examples; please report it with your "
+            "versions.", "; ".join(f"{name}({', '.join(params)})" if params else f"{name} (missing)"
+                                   for name, params in changed.items()), supported.lowest, supported.newest_tested)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..reporting.model_card import scrub_card
-from ..reporting.outputs import write_selection_card
+from ..reporting.outputs import write_report_files, write_selection_card
 from ..reporting.report import SelectionReport
 
 
@@ -40,17 +40,25 @@ class SelectionOutputsMixin:
                 return dict(metrics, step=entry.get("step"))
         return None
 
-    def save_cluster_selection(self, folder: str) -> str | None:
-        """`SelectionRun.save` into `folder` (nothing before selection)."""
-        return None if self.selection_run is None else self.selection_run.save(folder)
+    def _cs_card_report(self) -> tuple[SelectionReport, str | None]:
+        """The report as the card shows it (the run's latest `eval_*` metrics copied in) and the base model name."""
+        report = self.selection_report
+        report.eval_metrics = self.latest_eval_metrics()
+        return report, getattr(getattr(self.model, "config", None), "_name_or_path", None)
+
+    def write_selection_outputs(self, output_dir: str) -> None:
+        """At the end of training (rank 0): `selection_report.json`, the plots, the card section and the selection
+        file (`cluster_selection.npz`) in `output_dir`."""
+        if self.selection_report is None:
+            return
+        write_report_files(output_dir, *self._cs_card_report())
+        self.selection_run.save(output_dir)
 
     def write_selection_card(self, output_dir: str) -> str | None:
         """Add the selection section and cluster-size plot to `output_dir/README.md` (keeping what is there)."""
         if self.selection_report is None:
             return None
-        self.selection_report.eval_metrics = self.latest_eval_metrics()
-        base = getattr(getattr(self.model, "config", None), "_name_or_path", None)
-        return write_selection_card(output_dir, self.selection_report, base)
+        return write_selection_card(output_dir, *self._cs_card_report())
 
     def create_model_card(self, *args: Any, **kwargs: Any) -> None:
         """The parent's model card, then the selection section appended (rank 0)."""

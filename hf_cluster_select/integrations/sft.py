@@ -136,9 +136,9 @@ if _SFTTrainer is not None:
                 )
             return int(dropped)
 
-        def _cs_after_selection(self, report) -> None:
-            """Record `n_dropped_by_preparation` in the report."""
-            report.n_dropped_by_preparation = self.n_dropped_by_preparation
+        def _cs_dropped_by_preparation(self) -> int | None:
+            """The examples TRL's preparation left without a loss-bearing token, dropped in `__init__`."""
+            return self.n_dropped_by_preparation
 
         def _cs_weighted_loss(self, model, inputs, weights, return_outputs=False, num_items_in_batch=None):
             """TRL's own `compute_loss` (fused LM head, metrics) with per-example weighted log-probabilities."""

@@ -6,7 +6,7 @@ the run's samplers into DataLoaders built the way `Trainer._get_dataloader` buil
 → epochs over the selected subset with the allocation's batch plan and per-example loss weights. The step plan is
 fixed before training, so the LR schedule spans exactly the steps that run.
 
-Private Trainer hooks overridden (tested range in `compat.py`; `tests/test_compat.py` checks their signatures):
+Private Trainer hooks overridden (supported versions in `compat.py`; `tests/test_compat.py` checks their signatures):
 `set_initial_training_values`, `_init_training_state`, `_run_epoch`. Public hooks: `train`,
 `get_train_dataloader`, `compute_loss`, `create_model_card`, `log`.
 
@@ -31,9 +31,10 @@ from ..data import INDEX_KEY, IndexCollator, IndexedDataset, LossTokensCollator,
 from ..feature_cache import model_config_dict
 from ..persistence import load_selection, resolve_resume_checkpoint
 from ..reporting.report import SelectionReport
-from ..run import SelectionRun
+from ..run import SelectionRun, resolve_run_facts
 from ..schedule import StepPlan
-from ..validation import check_map_style, check_train_dataset, check_training_inputs
+from ..validation import (check_feature_context, check_loss_path, check_map_style, check_train_dataset,
+                          check_training_inputs)
 from ..weighting import weighted_loss
 from . import compat
 from .callbacks import ClusterSelectCallback
@@ -41,7 +42,7 @@ from .feature_model import load_feature_model, load_given_selection
 from .outputs import SelectionOutputsMixin
 from .model_checks import labels_are_shifted, warn_if_sampler_overridden
 
-compat.warn_if_untested()
+compat.warn_if_unsupported()
 
 
 class ClusterSelectMixin(SelectionOutputsMixin):
@@ -53,7 +54,7 @@ class ClusterSelectMixin(SelectionOutputsMixin):
             trained one — a smaller model that shares the tokenizer (and, for classification, the label set), or
             the path of one (loaded with the trained model's class, `from_pretrained`). It is used as given (not
             warmed up), in eval mode, moved to the training device. `None` = the trained model (after the warm-up);
-            `cluster_config.feature_layers` applies to whichever model it is.
+            the `feature_layers` setting applies to whichever model it is.
         *args, **kwargs: everything the underlying trainer takes, unchanged.
     Attributes:
         selection_run (`SelectionRun` or `None`): the current `train()` call's plan, selection, weights, samplers.
@@ -115,53 +116,35 @@ class ClusterSelectMixin(SelectionOutputsMixin):
             ValueError: for the bad inputs listed in the class docstring.
         """
         check_train_dataset(self.train_dataset)  # None, dict of splits, streaming, empty
-        args, shift = self.args, labels_are_shifted(self.accelerator.unwrap_model(self.model))
-        self._cs_check_loss_path(shift)
-        if self.cluster_config.feature_context == "loss_tokens" and not shift:
-            raise ValueError(
-                "`feature_context='loss_tokens'` applies to causal language models (labels aligned with "
-                f"`input_ids`); {type(self.model).__name__} is not one. Use `feature_context='full'`."
-            )
+        args, model = self.args, self.accelerator.unwrap_model(self.model)
+        lengths = example_lengths(self.train_dataset)  # untokenized data fails here, naming the columns
+        facts = resolve_run_facts(
+            self.feature_model if self.feature_model is not None else model, self.cluster_config,
+            shift_labels=labels_are_shifted(model), strata=self._cs_strata(),  # a missing column fails now
+            token_digest=token_digest(self.train_dataset), model_config=model_config_dict(model),
+            n_dropped_by_preparation=self._cs_dropped_by_preparation())
+        name = type(model).__name__
+        check_loss_path(loss_weighted=facts.loss_weighted, label_smoothing_factor=args.label_smoothing_factor,
+                        has_compute_loss_func=self.compute_loss_func is not None, shift_labels=facts.shift_labels,
+                        model_config=getattr(model, "config", None), model_name=name)
+        check_feature_context(self.cluster_config, shift_labels=facts.shift_labels, model_name=name)
         self.selection_run = run = SelectionRun(
-            self.cluster_config, lengths=example_lengths(self.train_dataset), world_size=args.world_size,
+            self.cluster_config, facts, lengths=lengths, world_size=args.world_size,
             per_device_batch_size=self._train_batch_size, gradient_accumulation_steps=args.gradient_accumulation_steps,
             num_train_epochs=args.num_train_epochs, max_steps=args.max_steps, lr_warmup_steps=args.warmup_steps,
-            shift_labels=shift, strata=self._cs_strata(),  # a missing stratify_column fails now, not after warm-up
-            token_digest=token_digest(self.train_dataset),
-            model_config=model_config_dict(self.accelerator.unwrap_model(self.model)),
         )
         dataset, collator = self._cs_training_view()  # hdbscan importable, collator works, some label bears a loss
         check_training_inputs(
             dataset, collator, self.cluster_config, label_names=self.label_names,
             needs_labels=not (self.can_return_loss or self.compute_loss_func is not None),
-            shift_labels=run.shift_labels,
+            shift_labels=facts.shift_labels,
         )
         return run.plan
 
-    def _cs_check_loss_path(self, shift: bool) -> None:
-        """Refuse settings under which the per-example loss weights would be silently dropped or the features
-        undefined (label smoothing, `compute_loss_func`, regression or multi-label heads), before any model work."""
-        weighted = self.cluster_config.data_fraction < 1.0
-        if weighted and self.label_smoother is not None:
-            raise ValueError(
-                f"`label_smoothing_factor={self.args.label_smoothing_factor}` is not supported with selection: the "
-                "label smoother computes its own loss, so the selected examples' loss weights would be ignored. Set "
-                "it to 0, or use data_fraction=1.0."
-            )
-        if weighted and self.compute_loss_func is not None:
-            raise ValueError(
-                "`compute_loss_func` is not supported with selection: the selected examples' loss weights could not "
-                "be applied. Subclass ClusterTrainer and override `compute_loss` instead."
-            )
-        config = getattr(self.accelerator.unwrap_model(self.model), "config", None)
-        problem = getattr(config, "problem_type", None)
-        single_output = problem is None and getattr(config, "num_labels", 2) == 1  # transformers: regression
-        if not shift and (problem in ("regression", "multi_label_classification") or single_output):
-            raise ValueError(
-                f"{type(self.model).__name__} is a regression or multi-label head (num_labels="
-                f"{getattr(config, 'num_labels', None)}, problem_type={problem!r}); selection supports token-level "
-                "language modelling and single-label classification (class-id labels)."
-            )
+    def _cs_dropped_by_preparation(self) -> int | None:
+        """Examples the trainer's data preparation dropped before selection (`RunFacts.n_dropped_by_preparation`);
+        `None` here: plain `Trainer` prepares nothing. `ClusterSFTTrainer` returns its count."""
+        return None
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None, **kwargs: Any):
         """`Trainer.train` with selection: validates and plans first; an allocation that selects before training
@@ -176,15 +159,7 @@ class ClusterSelectMixin(SelectionOutputsMixin):
                                                            plan.warmup_steps)
         run = self.selection_run
         if self._cs_given_selection is not None:  # ClusterTrainer(selection=...): the same checks as a resume
-            run.adopt_saved(self._cs_given_selection, ignore=("selection_warmup_steps",), check_model=False)
-            if run.report is not None:  # this run paid for no warm-up, feature pass or clustering
-                report = run.report
-                report.warmup_seconds = report.features_seconds = report.clustering_seconds = 0.0
-                report.selection_seconds, report.warmup_steps = 0.0, 0
-                report.training_seconds = report.total_seconds = report.full_data_seconds = None
-                report.seconds_saved = report.fraction_saved = report.full_data_seconds_basis = None
-                report.selected_steps = run.plan.selected_steps
-                run.pending_metrics = report.summary_metrics()
+            run.adopt_given(self._cs_given_selection)
         else:
             saved = load_selection(resume_from_checkpoint) if resume_from_checkpoint else None
             self._cs_resume_selection = (resume_from_checkpoint, saved)  # read once; adopted in _init_training_state
@@ -299,7 +274,7 @@ class ClusterSelectMixin(SelectionOutputsMixin):
             self.plan()
         run = self.selection_run
         dataset, collator = self._cs_training_view()
-        if self.cluster_config.feature_context == "loss_tokens":
+        if self.cluster_config.feature_settings.feature_context == "loss_tokens":
             config = getattr(self.accelerator.unwrap_model(self.model), "config", None)
             if config is not None and callable(getattr(config, "get_text_config", None)):
                 config = config.get_text_config()
@@ -309,11 +284,10 @@ class ClusterSelectMixin(SelectionOutputsMixin):
             source = self.feature_model.to(self.args.device)
         run.select(
             source, dataset, collator,
-            batch_size=self.cluster_config.feature_batch_size or self.args.per_device_eval_batch_size,
+            batch_size=self.cluster_config.feature_settings.feature_batch_size or self.args.per_device_eval_batch_size,
             show_progress=self.is_world_process_zero() and not self.args.disable_tqdm,
             tokenizer=getattr(self, "processing_class", None),
         )
-        self._cs_after_selection(run.report)
 
     def _cs_strata(self) -> list | None:
         """The values of `cluster_config.stratify_column` in `train_dataset`, one per example (`None` if unset).
@@ -333,9 +307,6 @@ class ClusterSelectMixin(SelectionOutputsMixin):
             return list(dataset.with_format(None)[name] if hasattr(dataset, "with_format") else dataset[name])
         return [example[name] for example in dataset]
 
-    def _cs_after_selection(self, report: SelectionReport) -> None:
-        """What a subclass adds to the report once selection ran (TRL's dropped-example count)."""
-
     # ---- weighted loss ------------------------------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """Trainer hook: multiply each example's loss by its selection weight (mean 1 over the kept set). During
@@ -346,16 +317,14 @@ class ClusterSelectMixin(SelectionOutputsMixin):
             self.cluster_callback.record_tokens(int(tokens.numel()) if isinstance(tokens, torch.Tensor) else 0)
         index = inputs.pop(INDEX_KEY, None)
         weights = None if self.selection_run is None else self.selection_run.loss_weights(index)
-        if weights is None or inputs.get("labels") is None or self.label_smoother is not None or (
-            self.compute_loss_func is not None
-        ):
+        if weights is None or inputs.get("labels") is None:  # warm-up, all weights 1, or a loss without labels
             return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
         return self._cs_weighted_loss(model, inputs, weights, return_outputs, num_items_in_batch)
 
     def _cs_weighted_loss(self, model, inputs, weights, return_outputs=False, num_items_in_batch=None):
         """One forward for the logits, then `weighting.weighted_loss` with per-example `weights` `[batch]`, shifted
         as the run decided. `ClusterSFTTrainer` replaces it with TRL's fused loss."""
-        shift = self.selection_run.shift_labels
+        shift = self.selection_run.facts.shift_labels
         outputs = model(**{k: v for k, v in inputs.items() if not (shift and k == "labels")})
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
         scaled = self.model_accepts_loss_kwargs and num_items_in_batch is not None

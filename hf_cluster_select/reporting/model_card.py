@@ -136,19 +136,47 @@ def selection_card_section(report: Any, *, plot_filename: str | None = None, map
         `2,306 / 7,688 (30.0%)`, `12.3 s`; values never measured read `not measured`.
     """
     r = _values(report)
-    token_kind = "loss-bearing tokens (label ≠ -100)" if r.get("token_kind", "loss") == "loss" else "input tokens"
+    lines = [START_MARKER, HEADING, "",
+             "Training examples were chosen by clustering per-example learning-effect features and keeping a "
+             "weighted subset of every cluster. Every figure below was measured on this run unless it says otherwise.",
+             "", "| Quantity | Value | What it measured |", "|---|---|---|"]
+    lines += [f"| {_cell(a)} | {_cell(b)} | {_cell(c)} |" for a, b, c in _summary_rows(r)]
+    lines += _cluster_lines(r)
+    if plot_filename:
+        lines += ["", f"![Examples per cluster, full data and kept]({plot_filename.replace(os.sep, '/')})"]
+    if map_filename:
+        lines += ["", f"![Features in 2-D (PCA), coloured by cluster, kept examples outlined]"
+                      f"({map_filename.replace(os.sep, '/')})"]
+    lines += _evaluation_lines(r.get("eval_metrics"))
+    lines += ["", "### Configuration", "", "```json", json.dumps(r.get("config") or {}, indent=2, sort_keys=True,
+                                                                default=str), "```"]
+    if r.get("clustering_params"):
+        lines += ["", "Resolved clustering parameters:", "", "```json",
+                  json.dumps(r["clustering_params"], indent=2, sort_keys=True, default=str), "```"]
+    lines += ["", CITATION, END_MARKER]
+    return "\n".join(lines)
+
+
+def _geometry(r: Mapping[str, Any]) -> str:
+    """`2 rank(s) × 4 examples per device × 1 accumulation step(s) = 8 examples per optimizer step`."""
     world, per_device, accum = (r.get(k) for k in ("world_size", "per_device_train_batch_size",
                                                     "gradient_accumulation_steps"))
     geometry = f"{world} rank(s) × {per_device} examples per device × {accum} accumulation step(s)"
     if None not in (world, per_device, accum):
         geometry += f" = {int(world) * int(per_device) * int(accum):,} examples per optimizer step"
+    return geometry
+
+
+def _summary_rows(r: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """The rows (quantity, value, what it measured) of the section's main table."""
+    token_kind = "loss-bearing tokens (label ≠ -100)" if r.get("token_kind", "loss") == "loss" else "input tokens"
     fallback = r.get("fallback")
     basis = r.get("full_data_seconds_basis") or NOT_MEASURED
     saved = r.get("seconds_saved")
     saved_text = NOT_MEASURED if saved is None else (
         f"{_seconds(saved)}; {_percent(r.get('fraction_saved'))} of the full-data time"
     )
-    rows = [
+    return [
         ("Examples kept", _ratio(r.get("n_kept"), r.get("n_examples"), r.get("fraction_kept")),
          "kept training examples / all training examples"),
         *([("Dropped before selection", _count(r.get("n_dropped_by_preparation")),
@@ -171,7 +199,7 @@ def selection_card_section(report: Any, *, plot_filename: str | None = None, map
          "examples whose labels are all -100: kept out of clustering, selected only if the budget needs them"),
         ("Clustering method", r.get("clustering_method") or NOT_MEASURED,
          f"fallback: {fallback}" if fallback else "no fallback: the clusterer's result was used as is"),
-        ("Batch geometry", geometry, "data-parallel ranks and per-step batch of the training run"),
+        ("Batch geometry", _geometry(r), "data-parallel ranks and per-step batch of the training run"),
         ("Warm-up training", _seconds(r.get("warmup_seconds")) + _steps(r.get("warmup_steps")),
          "wall-clock time training on the full data before selection"),
         ("Feature extraction", _seconds(r.get("features_seconds")),
@@ -190,11 +218,11 @@ def selection_card_section(report: Any, *, plot_filename: str | None = None, map
          "full-data training time − total with selection"
          + (" (negative: selection cost more than it saved)" if saved is not None and saved < 0 else "")),
     ]
-    lines = [START_MARKER, HEADING, "",
-             "Training examples were chosen by clustering per-example learning-effect features and keeping a "
-             "weighted subset of every cluster. Every figure below was measured on this run unless it says otherwise.",
-             "", "| Quantity | Value | What it measured |", "|---|---|---|"]
-    lines += [f"| {_cell(a)} | {_cell(b)} | {_cell(c)} |" for a, b, c in rows]
+
+
+def _cluster_lines(r: Mapping[str, Any]) -> list[str]:
+    """The examples-per-cluster table (full data → kept), its first `MAX_CLUSTER_ROWS` clusters; none without sizes."""
+    lines: list[str] = []
     sizes, kept = list(r.get("cluster_sizes") or []), list(r.get("kept_per_cluster") or [])
     if sizes and len(kept) == len(sizes):
         lines += ["", "### Examples per cluster (full data → kept)", "",
@@ -203,19 +231,7 @@ def selection_card_section(report: Any, *, plot_filename: str | None = None, map
             lines.append(f"| {cluster} | {int(size):,} | {int(k):,} | {_percent(k / size if size else 0.0)} |")
         if len(sizes) > MAX_CLUSTER_ROWS:
             lines.append(f"\n{len(sizes) - MAX_CLUSTER_ROWS:,} more clusters are listed in the selection report JSON.")
-    if plot_filename:
-        lines += ["", f"![Examples per cluster, full data and kept]({plot_filename.replace(os.sep, '/')})"]
-    if map_filename:
-        lines += ["", f"![Features in 2-D (PCA), coloured by cluster, kept examples outlined]"
-                      f"({map_filename.replace(os.sep, '/')})"]
-    lines += _evaluation_lines(r.get("eval_metrics"))
-    lines += ["", "### Configuration", "", "```json", json.dumps(r.get("config") or {}, indent=2, sort_keys=True,
-                                                                default=str), "```"]
-    if r.get("clustering_params"):
-        lines += ["", "Resolved clustering parameters:", "", "```json",
-                  json.dumps(r["clustering_params"], indent=2, sort_keys=True, default=str), "```"]
-    lines += ["", CITATION, END_MARKER]
-    return "\n".join(lines)
+    return lines
 
 
 def replace_section(content: str, section: str) -> str:

@@ -19,9 +19,9 @@ import numpy as np
 from .._types import ClusteringResult, Selection
 from ..atomic import atomic_open
 from ..config import ClusterSelectConfig
+from .savings import MEASURED, estimate_savings
 
 TOKEN_KINDS = ("loss", "input")
-MEASURED = "measured"
 _FLOAT_FIELDS = (
     "warmup_seconds", "features_seconds", "clustering_seconds", "selection_seconds", "training_seconds",
     "total_seconds", "full_data_seconds", "seconds_saved", "fraction_saved", "fraction_kept", "fraction_tokens_kept",
@@ -47,84 +47,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
-
-
-def estimate_savings(
-    *,
-    warmup_seconds: float,
-    warmup_steps: int,
-    selected_steps: int,
-    full_data_steps: int,
-    selection_seconds: float,
-    training_seconds: float,
-    measured_full_seconds: float | None = None,
-    length_ratio: float | None = None,
-) -> dict[str, Any]:
-    """Wall-clock time saved by selection against full-data training with the same recipe.
-
-    The full-data time is `measured_full_seconds` when the caller ran it, otherwise it is estimated from this run's
-    measured throughput: (warm-up seconds + post-selection training seconds × `length_ratio`) / (warm-up steps +
-    selected steps) × the number of steps full-data training would take. `length_ratio` = padded tokens of a
-    full-data step (the stock sampler's random batches) / of a selected step (this run's batch plan), or mean input
-    tokens per example of the full data / of the kept set: a step's cost scales with its padded tokens (a selection
-    of long examples has slower steps than full-data training would; random batches pad more). Averaging over every optimizer step of the run keeps the estimate
-    stable (a few warm-up steps alone, first-step overhead included, swung it by tens of percent); the steps of the
-    subset may be longer or shorter than average, and token-balanced batches pad less than the stock sampler, so a
-    measured full-data run (`measured_full_seconds`) is the reference when it matters.
-
-    Args:
-        warmup_seconds (`float`): measured wall-clock seconds of the warm-up steps on the full data (0 if none).
-        warmup_steps (`int`): optimizer steps of the warm-up.
-        selected_steps (`int`): optimizer steps of training on the selected subset.
-        full_data_steps (`int`): optimizer steps the same recipe (epochs, batch geometry) takes on the full data.
-        selection_seconds (`float`): measured seconds of feature extraction + clustering + choosing.
-        training_seconds (`float`): measured seconds of post-selection training.
-        measured_full_seconds (`float`, *optional*): measured seconds of a full-data run, if one was made.
-        length_ratio (`float`, *optional*): cost of a full-data step / of a selected step (> 0; see above);
-            `None` = 1.
-    Returns:
-        `dict` with `seconds_per_step` (`float` or `None`), `full_data_seconds`, `full_data_seconds_basis` (`"measured"`
-        or `"estimated from this run's measured throughput (X s/step over M optimizer steps × N full-data steps)"`),
-        `our_seconds`
-        (warm-up + selection + training), `seconds_saved` (full − ours; negative when selection cost more than it
-        saved) and `fraction_saved` (saved / full).
-    Raises:
-        ValueError: if an argument is negative or not finite, or no full-data time can be measured or estimated.
-    """
-    numbers = dict(
-        warmup_seconds=warmup_seconds, warmup_steps=warmup_steps, selected_steps=selected_steps,
-        full_data_steps=full_data_steps, selection_seconds=selection_seconds, training_seconds=training_seconds,
-    )
-    if measured_full_seconds is not None:
-        numbers["measured_full_seconds"] = measured_full_seconds
-    for name, value in numbers.items():
-        if value is None or not math.isfinite(float(value)) or float(value) < 0:
-            raise ValueError(f"`{name}` must be a finite number >= 0, got {value!r}.")
-    if length_ratio is not None and not (math.isfinite(float(length_ratio)) and float(length_ratio) > 0):
-        raise ValueError(f"`length_ratio` must be a finite number > 0, got {length_ratio!r}.")
-    ratio = 1.0 if length_ratio is None else float(length_ratio)
-    steps = int(warmup_steps) + int(selected_steps)
-    seconds_per_step = (float(warmup_seconds) + float(training_seconds) * ratio) / steps if steps else None
-    if measured_full_seconds is not None:
-        full, basis = float(measured_full_seconds), MEASURED
-    elif seconds_per_step is not None:
-        full = seconds_per_step * full_data_steps
-        basis = (
-            f"estimated from this run's measured throughput ({seconds_per_step:.4g} s/step over {steps:,} optimizer "
-            f"steps × {int(full_data_steps):,} full-data steps"
-            + (f"; selected steps scaled by {ratio:.3g}, the padded tokens of a full-data step over a selected step's)"
-               if length_ratio is not None else ")")
-        )
-    else:
-        raise ValueError("Cannot estimate the full-data time: `warmup_steps` and `selected_steps` are both 0.")
-    if full <= 0:
-        raise ValueError(f"The full-data time must be > 0 seconds, got {full} ({basis}).")
-    ours = float(warmup_seconds) + float(selection_seconds) + float(training_seconds)
-    saved = full - ours
-    return dict(
-        seconds_per_step=seconds_per_step, full_data_seconds=full, full_data_seconds_basis=basis,
-        our_seconds=ours, seconds_saved=saved, fraction_saved=saved / full,
-    )
 
 
 @dataclass
@@ -246,19 +168,44 @@ class SelectionReport:
                                  f"got {len(getattr(self, name))}.")
 
     @classmethod
-    def from_results(
-        cls, clustering: ClusteringResult, selection: Selection, config: ClusterSelectConfig, **fields: Any
-    ) -> "SelectionReport":
-        """Report of a clustering and a selection; every other field (tokens, timings, steps, geometry) from `fields`.
+    def build(cls, clustering: ClusteringResult, selection: Selection, config: ClusterSelectConfig, *,
+              lengths: Any, loss_tokens: Any = None, plan: Any = None, clock: Any = None,
+              **measured: Any) -> "SelectionReport":
+        """The report of one selection, built once, from the outcome, the step plan and the clock.
 
         Args:
-            clustering (`ClusteringResult`): labels `[n_examples]` and raw labels of the full data.
+            clustering (`ClusteringResult`): labels `[n_examples]` and raw labels of the full data (`reduced` is
+                not read).
             selection (`Selection`): kept indices and weights `[n_kept]`.
             config (`ClusterSelectConfig`): the configuration that produced them.
-            **fields: any other `SelectionReport` field.
+            lengths (array-like of shape `[n_examples]`, int): input tokens of every example.
+            loss_tokens (array-like of shape `[n_examples]`, int, *optional*): loss-bearing tokens of every example
+                (counted by the feature pass); without them the token counts are input tokens (`token_kind`).
+            plan (`StepPlan`, *optional*): the run's step plan (batch geometry, warm-up, selected and full-data
+                steps); `None` for a selection outside training (the `select` command): steps stay `None`.
+            clock (`PhaseClock`, *optional*): its `warmup`, `features` and `clustering` phases give the seconds.
+            **measured: the remaining fields (`features_from_cache`, `feature_used`, `feature_map`,
+                `n_dropped_by_preparation`), or ones to state instead of the plan's or the clock's.
+        Raises:
+            ValueError: for a field out of range (see `__post_init__`).
         """
         labels = np.asarray(clustering.labels, dtype=np.int64)
         n_clusters = int(clustering.n_clusters)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        counted = lengths if loss_tokens is None else np.asarray(loss_tokens, dtype=np.int64)
+        fields: dict[str, Any] = dict(
+            tokens_total=int(counted.sum()), tokens_kept=int(counted[selection.indices].sum()),
+            token_kind="input" if loss_tokens is None else "loss", input_tokens_total=int(lengths.sum()),
+            input_tokens_kept=int(lengths[selection.indices].sum()))
+        if plan is not None:
+            fields.update(world_size=plan.world_size, per_device_train_batch_size=plan.per_device_batch_size,
+                          gradient_accumulation_steps=plan.gradient_accumulation_steps, warmup_steps=plan.warmup_steps,
+                          selected_steps=plan.selected_steps, full_data_steps=plan.full_data_steps)
+        if clock is not None:
+            seconds = {phase: clock.measured(phase) for phase in ("warmup", "features", "clustering")}
+            fields.update(warmup_seconds=seconds["warmup"], features_seconds=seconds["features"],
+                          clustering_seconds=seconds["clustering"],
+                          selection_seconds=(seconds["features"] or 0.0) + (seconds["clustering"] or 0.0))
         return cls(
             n_examples=int(labels.shape[0]), n_kept=selection.n_kept, n_clusters=n_clusters,
             n_noise=clustering.n_noise, n_nonfinite_features=clustering.n_nonfinite,
@@ -268,8 +215,33 @@ class SelectionReport:
             clustering_method=clustering.method, fallback=clustering.fallback,
             clustering_params=dict(clustering.params), config=config.to_dict(),
             labels=labels, raw_labels=np.asarray(clustering.raw_labels), kept_indices=np.asarray(selection.indices),
-            weights=np.asarray(selection.weights, dtype=np.float64), **fields,
+            weights=np.asarray(selection.weights, dtype=np.float64), **{**fields, **measured},
         )
+
+    def for_reuse(self, plan: Any) -> "SelectionReport":
+        """This report for a run that trains on the same selection without making it (`ClusterTrainer(selection=
+        ...)`): no warm-up, feature pass or clustering paid (0 seconds, 0 warm-up steps), the new run's selected
+        steps, and nothing measured about training yet."""
+        return dataclasses.replace(
+            self, warmup_seconds=0.0, features_seconds=0.0, clustering_seconds=0.0, selection_seconds=0.0,
+            warmup_steps=0, selected_steps=plan.selected_steps, full_data_steps=plan.full_data_steps,
+            training_seconds=None, total_seconds=None, full_data_seconds=None, full_data_seconds_basis=None,
+            seconds_saved=None, fraction_saved=None)
+
+    def finalize(self, clock: Any, *, padded_tokens_per_batch_full: float | None = None,
+                 padded_tokens_per_batch_selected: float | None = None,
+                 measured_full_seconds: float | None = None) -> "SelectionReport":
+        """Fill, at the end of training, the warm-up and training seconds from the clock, the padded tokens per
+        batch, and the savings (`apply_savings`: measured with `measured_full_seconds`, else estimated). Returns
+        this report."""
+        self.warmup_seconds = clock.measured("warmup") or 0.0
+        self.training_seconds = clock.measured("training") or 0.0
+        if padded_tokens_per_batch_full is not None:
+            self.padded_tokens_per_batch_full = float(padded_tokens_per_batch_full)
+            self.padded_tokens_per_batch_selected = float(padded_tokens_per_batch_selected)
+        self.total_seconds = None
+        self.apply_savings(measured_full_seconds)
+        return self
 
     def apply_savings(self, measured_full_seconds: float | None = None) -> dict[str, Any]:
         """Fill `full_data_seconds`, its basis, `seconds_saved`, `fraction_saved` (and `total_seconds` when unset)

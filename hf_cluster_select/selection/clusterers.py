@@ -6,7 +6,8 @@ prepares. It is a function
     fit(reduced [n_unique, d] float64, counts [n_unique] int, inverse [n_examples] int, config, world_size) -> ClusterFit
 
 where row `i` of the examples is distinct row `inverse[i]`, repeated `counts[j]` times. Register one with
-`@CLUSTERERS.register("name")` and add the name to `config.CLUSTER_METHODS`.
+`@CLUSTERERS.register("name", settings=...)`: its settings class (a `settings.ClusteringSettings` subclass) is
+what `ClusterSelectConfig(strategy_kwargs=...)` accepts for it, and `config.cluster_settings` inside `fit`.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from .sampled import fit_on_sample, seeded_sample
 
 LARGE_INPUT_BYTES = 1 << 31  # above 2 GiB, rows are read in blocks (a memory-mapped feature matrix stays on disk)
 BLOCK_ROWS = 16384
+BLOCKWISE_FIT_ROWS = 20000  # PCA sample of a blockwise (memory-mapped) matrix when cluster_sample_size is None
 
 
 def _as_float_matrix(features: Any) -> np.ndarray:
@@ -97,38 +98,29 @@ def cluster_features(
     """Partition examples by their learning-effect features.
 
     Rows are L2-normalised (zero rows stay zero), identical rows are merged (they share a label), and the distinct
-    rows are reduced by a seeded PCA to `min(config.pca_dim, n_unique − 1, dim)` dimensions. Then either:
+    rows are reduced by a seeded PCA to `min(pca_dim, n_unique − 1, dim)` dimensions. Then the clusterer registered
+    as `config.cluster_method` partitions them with its settings (`config.cluster_settings`): `fine_kmeans` (default;
+    K = ceil(budget / `kept_per_cluster`), `kmeans_clusterer.py`), `hdbscan` (noise assigned to its most probable
+    cluster or kept as one group, `hdbscan_clusterer.py`), `kmeans` (CluSTER's K and size cap).
 
-    - `cluster_method="fine_kmeans"` (default): KMeans with K = ceil(budget / `kept_per_cluster`) (see
-      `kmeans_clusterer.fit_fine_kmeans`).
-    - `cluster_method="hdbscan"`: HDBSCAN (Campello et al. 2013) with
-      `min_cluster_size=config.resolved_min_cluster_size(n_unique)` and `min_samples=config.resolved_min_samples()`.
-      Noise points (label -1) get their most probable cluster (`noise_policy="assign"`, argmax of
-      `hdbscan.all_points_membership_vectors`) or form one extra cluster (`"own_cluster"`). A row repeated at least
-      `resolved_min_cluster_size(n)` times forms its own cluster.
-    - `cluster_method="kmeans"` (CluSTER, Kim et al., EMNLP 2026): K = `config.kmeans_n_clusters` or
-      `max(2, world_size)`, clipped to the number of distinct rows; with `config.kmeans_size_cap` c no cluster holds
-      more than `ceil(c · n / K)` examples (capacity-constrained nearest-centroid assignment).
-
-    Above `config.cluster_sample_size` distinct rows, PCA and the clusterer are fitted on a seeded sample and the
+    Above `cluster_sample_size` distinct rows, PCA and the clusterer are fitted on a seeded sample and the
     other rows join the cluster of their nearest exemplar (`sampled.py`; `params["sampled_rows"]`); `fine_kmeans`
     then runs coarse-then-fine KMeans instead.
 
-    Degenerate inputs (all noise, one distinct row, fewer distinct rows than `min_cluster_size`) yield one cluster
-    and a `fallback` note instead of an error. The result is deterministic for a given `config.selection_seed`.
+    Degenerate inputs (all noise, one distinct row) yield one cluster and a `fallback` note, not an error; the result
+    is deterministic for a given `config.selection_seed`.
 
     Rows that cannot be clustered are screened out first and never dropped: a row holding NaN/inf (raw label
     `NONFINITE_LABEL` = -2) and, when `loss_tokens` is given, an example with 0 loss-bearing tokens (raw label
     `NO_LOSS_LABEL` = -3; its feature is a zero vector that means nothing). Each kind forms one extra group after
     the clusters (`labels` K, K+1), or joins the smallest cluster with `merge_unclusterable=True` (for an allocation
-    that needs exactly the clusters found, such as CluSTER's one cluster per rank). Their `reduced` rows are zeros; `fallback` says how many there
+    that needs exactly the clusters found: CluSTER's). Their `reduced` rows are zeros; `fallback` says how many there
     were and `params` counts them (`n_nonfinite_features`, `n_no_loss_tokens`). `selection.select_subset` keeps the
     non-finite group like any cluster and keeps no-loss examples only when the budget cannot be filled without them.
 
     Args:
         features (`np.ndarray` or `torch.Tensor` of shape `[n_examples, dim]`): per-example feature vectors.
-        config (`ClusterSelectConfig`): clustering settings (`cluster_method`, `pca_dim`, `hdbscan_*`,
-            `noise_policy`, `kmeans_*`, `seed`).
+        config (`ClusterSelectConfig`): `cluster_method`, its `cluster_settings` and `selection_seed`.
         world_size (`int`, *optional*, defaults to `1`): number of data-parallel ranks (KMeans' default K).
         loss_tokens (array-like of shape `[n_examples]`, int, *optional*): loss-bearing tokens of every example
             (`FeatureOutput.loss_tokens`); examples with 0 are kept out of clustering.
@@ -163,20 +155,18 @@ def cluster_features(
     params["n_nonfinite_features"] = int((status == NONFINITE_LABEL).sum())
     params["n_no_loss_tokens"] = int((status == NO_LOSS_LABEL).sum())
     params["seconds"] = time.perf_counter() - start
-    groups = np.empty(status.size, dtype=np.int64)  # duplicate groups; a screened-out row is a group of its own
+    return ClusteringResult(labels=labels, raw_labels=raw_labels, reduced=reduced.astype(np.float32),
+                            n_clusters=int(labels.max()) + 1, method=config.cluster_method, fallback=fallback,
+                            params=params, groups=_all_groups(status, usable, groups_u))
+
+
+def _all_groups(status: np.ndarray, usable: np.ndarray, groups_u: np.ndarray) -> np.ndarray:
+    """Duplicate group of every row `[n]`: the clustered rows' groups, and a group of its own per screened-out row."""
+    groups = np.empty(status.size, dtype=np.int64)
     groups[usable] = groups_u
     screened = np.flatnonzero(status != 0)
     groups[screened] = (groups_u.max() + 1 if groups_u.size else 0) + np.arange(screened.size)
-    return ClusteringResult(
-        labels=labels,
-        raw_labels=raw_labels,
-        reduced=reduced.astype(np.float32),
-        n_clusters=int(labels.max()) + 1,
-        method=config.cluster_method,
-        fallback=fallback,
-        params=params,
-        groups=groups,
-    )
+    return groups
 
 
 def _place_unclustered(
@@ -212,15 +202,16 @@ def _distinct_rows(x: np.ndarray, usable: np.ndarray, config: ClusterSelectConfi
     rows = _l2_normalise(x[usable])
     inverse, first, counts = duplicate_groups([cell_codes(rows)])
     unique_rows = rows[first]
-    sample = seeded_sample(unique_rows.shape[0], config.cluster_sample_size, config.selection_seed)
-    reduced, pca_used = _pca(unique_rows.astype(np.float64), config.pca_dim, config.selection_seed, sample)
+    settings = config.cluster_settings
+    sample = seeded_sample(unique_rows.shape[0], settings.cluster_sample_size, config.selection_seed)
+    reduced, pca_used = _pca(unique_rows.astype(np.float64), settings.pca_dim, config.selection_seed, sample)
     return reduced, counts, inverse, sample, pca_used
 
 
 def _distinct_rows_blockwise(x: np.ndarray, usable: np.ndarray, config: ClusterSelectConfig):
     """`_distinct_rows` for a matrix above `LARGE_INPUT_BYTES` (e.g. memory-mapped): rows are read, normalised and
     snapped to the duplicate grids `BLOCK_ROWS` at a time, PCA is fitted on a seeded sample of the distinct rows
-    (at most `cluster_sample_size`, else 20,000) and applied block by block, so only the reduced
+    (at most `cluster_sample_size`, else `BLOCKWISE_FIT_ROWS`) and applied block by block, so only the reduced
     `[n_unique, pca_dim]` matrix is held in memory."""
 
     def normalised(positions: np.ndarray) -> np.ndarray:
@@ -229,13 +220,14 @@ def _distinct_rows_blockwise(x: np.ndarray, usable: np.ndarray, config: ClusterS
     inverse, first, counts = duplicate_groups(
         cell_codes(normalised(np.arange(start, min(start + BLOCK_ROWS, usable.size))))
         for start in range(0, usable.size, BLOCK_ROWS))
-    sample = seeded_sample(first.size, config.cluster_sample_size or 20000, config.selection_seed)
+    settings = config.cluster_settings
+    sample = seeded_sample(first.size, settings.cluster_sample_size or BLOCKWISE_FIT_ROWS, config.selection_seed)
     fit_positions = first if sample is None else first[sample]
-    if config.pca_dim is None or first.size < 2:
+    if settings.pca_dim is None or first.size < 2:
         return normalised(first), counts, inverse, sample, None
     from sklearn.decomposition import PCA
 
-    n_components = min(config.pca_dim, fit_positions.size - 1, x.shape[1])
+    n_components = min(settings.pca_dim, fit_positions.size - 1, x.shape[1])
     pca = PCA(n_components=n_components, random_state=config.selection_seed).fit(normalised(np.sort(fit_positions)))
     reduced = np.concatenate([pca.transform(normalised(first[s: s + BLOCK_ROWS]))
                               for s in range(0, first.size, BLOCK_ROWS)])

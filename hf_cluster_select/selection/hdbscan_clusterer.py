@@ -4,12 +4,15 @@ JOSS 2017), registered as `cluster_method="hdbscan"` (layer L2: arrays in, label
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .._imports import require_hdbscan
 from ..config import ClusterSelectConfig
+from ..settings import ClusteringSettings, check_choice, check_optional_int, choices_of
 from .clusterers import CLUSTERERS, ClusterFit
 
 # HDBSCAN's `algorithm="generic"` (a dense float64 distance matrix, n² · 8 bytes) beat the tree algorithms on
@@ -19,6 +22,50 @@ GENERIC_MIN_DIM = 65
 GENERIC_MAX_POINTS = 5000
 # Fewer distinct rows than this (with an automatic min_cluster_size) are not worth clustering: one cluster.
 AUTO_MIN_POINTS = 5
+
+
+@dataclass(frozen=True)
+class HDBSCANSettings(ClusteringSettings):
+    """Settings of `cluster_method="hdbscan"`, besides `ClusteringSettings`'.
+
+    Attributes:
+        hdbscan_min_cluster_size (`int`, *optional*): HDBSCAN's `min_cluster_size` (>= 2); `None` =
+            clamp(round(sqrt(n) / 2.5), 5, 100).
+        hdbscan_min_samples (`int`, *optional*): HDBSCAN's `min_samples` (>= 1); `None` = 1 (least noise; measured
+            best on the Natural-Instructions skills, `benchmarks/clustering_ni.py`).
+        noise_policy (`str`, defaults to `"assign"`): noise points (label -1) join their most probable cluster
+            (`"assign"`) or form one extra group (`"own_cluster"`).
+    Raises:
+        ValueError: for a value out of range.
+    """
+
+    hdbscan_min_cluster_size: int | None = field(default=None, metadata={
+        "help": "HDBSCAN min_cluster_size (>= 2); None = clamp(round(sqrt(n) / 2.5), 5, 100)."})
+    hdbscan_min_samples: int | None = field(default=None, metadata={
+        "help": "HDBSCAN min_samples (>= 1); None = 1 (least noise, measured best)."})
+    noise_policy: str = field(default="assign", metadata={
+        "help": "What happens to HDBSCAN noise points (label -1): 'assign' = most probable cluster by membership "
+                "vectors; 'own_cluster' = noise forms one extra group.",
+        "choices": ["assign", "own_cluster"]})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_optional_int("hdbscan_min_cluster_size", self.hdbscan_min_cluster_size, 2)
+        check_optional_int("hdbscan_min_samples", self.hdbscan_min_samples, 1)
+        check_choice("noise_policy", self.noise_policy, choices_of(HDBSCANSettings, "noise_policy"))
+
+    def resolved_min_cluster_size(self, n_examples: int) -> int:
+        """`min_cluster_size` for `n_examples` points: the setting, or clamp(round(sqrt(n) / 2.5), 5, 100), never
+        more than `n_examples` and never below 2."""
+        if self.hdbscan_min_cluster_size is not None:
+            size = self.hdbscan_min_cluster_size
+        else:
+            size = min(100, max(5, round(math.sqrt(n_examples) / 2.5)))
+        return max(2, min(size, n_examples))
+
+    def resolved_min_samples(self) -> int:
+        """`min_samples`: the setting, or 1."""
+        return 1 if self.hdbscan_min_samples is None else self.hdbscan_min_samples
 
 
 def _centroid_assign(points: np.ndarray, centroids: np.ndarray) -> np.ndarray:
@@ -89,15 +136,16 @@ def _cluster_hdbscan(
         raw[:] = 0
         return raw.copy(), raw, f"all {n_total} examples have identical features: one cluster", params
 
-    pile_min = config.resolved_min_cluster_size(n_total)
+    settings = config.cluster_settings
+    pile_min = settings.resolved_min_cluster_size(n_total)
     piles = np.flatnonzero(counts >= pile_min) if counts.max() > 1 else np.zeros(0, dtype=np.int64)
     rest = np.setdiff1d(np.arange(n_unique), piles)
     params["n_piles"] = int(piles.size)
-    requested = config.hdbscan_min_cluster_size or AUTO_MIN_POINTS
+    requested = settings.hdbscan_min_cluster_size or AUTO_MIN_POINTS
     clusterer, n_found, fallback = None, 0, None
     if rest.size >= max(requested, 2):
-        min_cluster_size = config.resolved_min_cluster_size(rest.size)
-        min_samples = max(1, min(config.resolved_min_samples(), rest.size - 1))
+        min_cluster_size = settings.resolved_min_cluster_size(rest.size)
+        min_samples = max(1, min(settings.resolved_min_samples(), rest.size - 1))
         raw_rest, clusterer, single, algorithm = _run_hdbscan(reduced[rest], min_cluster_size, min_samples)
         params.update(
             min_cluster_size=min_cluster_size, min_samples=min_samples, algorithm=algorithm, allow_single_cluster=single
@@ -117,7 +165,7 @@ def _cluster_hdbscan(
     labels = raw.copy()
     noise = raw < 0
     if noise.any():
-        if config.noise_policy == "own_cluster":
+        if settings.noise_policy == "own_cluster":
             labels[noise] = n_clusters
         elif n_found:
             labels[rest] = _assign_noise_by_membership(reduced[rest], raw[rest], clusterer, n_found)
@@ -129,10 +177,10 @@ def _cluster_hdbscan(
 
 
 
-@CLUSTERERS.register("hdbscan")
+@CLUSTERERS.register("hdbscan", settings=HDBSCANSettings)
 def fit_hdbscan(
     reduced: np.ndarray, counts: np.ndarray, inverse: np.ndarray, config: ClusterSelectConfig, world_size: int
 ) -> ClusterFit:
-    """HDBSCAN on the distinct rows (see `clusterers.Clusterer`); noise resolved by `config.noise_policy`."""
+    """HDBSCAN on the distinct rows (see `clusterers.Clusterer`); noise resolved by its `noise_policy` setting."""
     labels_u, raw_u, fallback, params = _cluster_hdbscan(reduced, counts, int(inverse.size), config)
     return ClusterFit(labels_u[inverse], raw_u[inverse], fallback, params)

@@ -14,10 +14,59 @@ from typing import Any
 
 import numpy as np
 
+from dataclasses import dataclass, field
+
 from ..config import ClusterSelectConfig
+from ..settings import ClusteringSettings, check_optional_int
 from .budget import selection_budget
 from .clusterers import CLUSTERERS, ClusterFit
 from .sampled import nearest_labels, seeded_sample, two_level_kmeans
+
+
+@dataclass(frozen=True)
+class KMeansSettings(ClusteringSettings):
+    """Settings of `cluster_method="kmeans"` (CluSTER's clusterer), besides `ClusteringSettings`'.
+
+    Attributes:
+        kmeans_n_clusters (`int`, *optional*): K; `None` = the world size (CluSTER's choice), at least 2.
+        kmeans_size_cap (`float`, *optional*): cap on cluster sizes as a multiple of n/K (CluSTER: 1.5); `None` =
+            no cap.
+    Raises:
+        ValueError: if `kmeans_n_clusters` < 2 or `kmeans_size_cap` < 1.
+    """
+
+    kmeans_n_clusters: int | None = field(default=None, metadata={
+        "help": "K for cluster_method='kmeans'; None = the world size (CluSTER's choice), at least 2."})
+    kmeans_size_cap: float | None = field(default=None, metadata={
+        "help": "Cap on KMeans cluster sizes as a multiple of n/K (CluSTER: 1.5); None = no cap."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_optional_int("kmeans_n_clusters", self.kmeans_n_clusters, 2)
+        cap = self.kmeans_size_cap
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap >= 1.0):
+            raise ValueError(f"`kmeans_size_cap` must be a number >= 1.0 or None, got {cap!r}.")
+
+
+@dataclass(frozen=True)
+class FineKMeansSettings(ClusteringSettings):
+    """Settings of `cluster_method="fine_kmeans"` (the default), besides `ClusteringSettings`'.
+
+    Attributes:
+        kept_per_cluster (`int`, defaults to `4`): examples the budget keeps per cluster (K = budget / this);
+            chosen on the linear-probe benchmark (`benchmarks/probe.py`).
+    Raises:
+        ValueError: if `kept_per_cluster` < 1.
+    """
+
+    kept_per_cluster: int = field(default=4, metadata={
+        "help": "Examples the budget keeps per fine cluster (K = budget / this)."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.kept_per_cluster, bool) or not isinstance(self.kept_per_cluster, int) \
+                or self.kept_per_cluster < 1:
+            raise ValueError(f"`kept_per_cluster` must be an int >= 1, got {self.kept_per_cluster!r}.")
 
 
 def _capacity_assign(points: np.ndarray, centroids: np.ndarray, capacity: int) -> np.ndarray:
@@ -53,8 +102,9 @@ def _cluster_kmeans(
     """KMeans (CluSTER's mode) fitted on the distinct rows weighted by their counts. Returns labels for all rows."""
     from sklearn.cluster import KMeans
 
+    settings = config.cluster_settings
     n_total, n_unique = inverse.size, reduced.shape[0]
-    requested = config.kmeans_n_clusters or max(2, world_size)
+    requested = settings.kmeans_n_clusters or max(2, world_size)
     n_clusters = min(requested, n_unique)
     params: dict[str, Any] = {"n_clusters_requested": requested, "size_cap_examples": None}
     fallback = None
@@ -62,24 +112,24 @@ def _cluster_kmeans(
         fallback = f"only {n_unique} distinct feature rows: K clipped from {requested} to {n_clusters}"
     if n_clusters == 1:
         return np.zeros(n_total, dtype=np.int64), fallback, params
-    sample = seeded_sample(n_unique, config.cluster_sample_size, config.selection_seed)
+    sample = seeded_sample(n_unique, settings.cluster_sample_size, config.selection_seed)
     fit_rows = np.arange(n_unique) if sample is None else sample
     kmeans = KMeans(n_clusters=n_clusters, n_init=10, random_state=config.selection_seed)
     kmeans.fit(reduced[fit_rows], sample_weight=counts[fit_rows].astype(np.float64))
     if sample is not None:  # centroids from the sample; every row is placed below, with the cap on all of them
         params.update(sampled_rows=int(sample.size), assignment="nearest_centroid")
-    if config.kmeans_size_cap is None:
+    if settings.kmeans_size_cap is None:
         if sample is None:
             return np.asarray(kmeans.labels_, dtype=np.int64)[inverse], fallback, params
         labels_u = nearest_labels(reduced, kmeans.cluster_centers_, np.arange(n_clusters))
         return labels_u[inverse], fallback, params
-    capacity = math.ceil(round(float(config.kmeans_size_cap) * n_total / n_clusters, 9))
+    capacity = math.ceil(round(float(settings.kmeans_size_cap) * n_total / n_clusters, 9))
     params["size_cap_examples"] = capacity
     return _capacity_assign(reduced[inverse], kmeans.cluster_centers_, capacity), fallback, params
 
 
 
-@CLUSTERERS.register("kmeans")
+@CLUSTERERS.register("kmeans", settings=KMeansSettings)
 def fit_kmeans(
     reduced: np.ndarray, counts: np.ndarray, inverse: np.ndarray, config: ClusterSelectConfig, world_size: int
 ) -> ClusterFit:
@@ -91,25 +141,26 @@ def fit_kmeans(
 fit_kmeans.handles_scale = True  # centroids from a sample, the size cap applied to every row (not sampled around)
 
 
-@CLUSTERERS.register("fine_kmeans")
+@CLUSTERERS.register("fine_kmeans", settings=FineKMeansSettings)
 def fit_fine_kmeans(
     reduced: np.ndarray, counts: np.ndarray, inverse: np.ndarray, config: ClusterSelectConfig, world_size: int
 ) -> ClusterFit:
-    """KMeans (k-means++ seeding, one init, seeded) with K = ceil(budget / `config.kept_per_cluster`) clusters,
+    """KMeans (k-means++ seeding, one init, seeded) with K = ceil(budget / `kept_per_cluster`) clusters,
     clipped to the distinct rows, fitted on the distinct rows weighted by their counts; no noise. Above
-    `config.cluster_sample_size` distinct rows: coarse-then-fine KMeans (`sampled.two_level_kmeans`)."""
+    `cluster_sample_size` distinct rows: coarse-then-fine KMeans (`sampled.two_level_kmeans`)."""
     from sklearn.cluster import KMeans
 
+    settings = config.cluster_settings
     n_total, n_unique = int(inverse.size), reduced.shape[0]
     budget = selection_budget(n_total, config.data_fraction)
-    requested = max(1, math.ceil(budget / config.kept_per_cluster))
+    requested = max(1, math.ceil(budget / settings.kept_per_cluster))
     n_clusters = min(requested, n_unique)
-    params: dict[str, Any] = {"n_clusters_requested": requested, "kept_per_cluster": config.kept_per_cluster}
+    params: dict[str, Any] = {"n_clusters_requested": requested, "kept_per_cluster": settings.kept_per_cluster}
     if n_clusters == 1:
         why = (f"only {n_unique} distinct feature row(s): one cluster" if n_unique == 1 else
-               f"a budget of {budget} at kept_per_cluster={config.kept_per_cluster} asks for one cluster")
+               f"a budget of {budget} at kept_per_cluster={settings.kept_per_cluster} asks for one cluster")
         return ClusterFit(np.zeros(n_total, dtype=np.int64), None, why, params)
-    sample = seeded_sample(n_unique, config.cluster_sample_size, config.selection_seed)
+    sample = seeded_sample(n_unique, settings.cluster_sample_size, config.selection_seed)
     if sample is not None:
         params.update(sampled_rows=int(sample.size), assignment="two_level_kmeans")
         labels = two_level_kmeans(reduced, counts, n_clusters, sample, config.selection_seed)

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import QUOTAS
+from ..settings import SelectionSettings, choices_of
 
 
 def _one_each_to_largest(sizes: np.ndarray, budget: int) -> np.ndarray:
@@ -17,7 +17,7 @@ def _one_each_to_largest(sizes: np.ndarray, budget: int) -> np.ndarray:
     return quotas
 
 
-def cluster_quotas(sizes: Any, budget: int, quota: str = "proportional") -> np.ndarray:
+def cluster_quotas(sizes: Any, budget: int, quota: str = SelectionSettings.quota) -> np.ndarray:
     """Split `budget` kept examples over clusters of the given sizes.
 
     - `proportional`: largest-remainder (Hamilton) apportionment of `budget` by size with integer arithmetic;
@@ -44,8 +44,8 @@ def cluster_quotas(sizes: Any, budget: int, quota: str = "proportional") -> np.n
     total = int(sizes.sum())
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or not 1 <= budget <= total:
         raise ValueError(f"`budget` must be an int in [1, {total}], got {budget!r}.")
-    if quota not in QUOTAS:
-        raise ValueError(f"`quota` must be one of {list(QUOTAS)}, got {quota!r}.")
+    if quota not in choices_of(SelectionSettings, "quota"):
+        raise ValueError(f"`quota` must be one of {list(choices_of(SelectionSettings, 'quota'))}, got {quota!r}.")
     n_clusters = sizes.size
     if budget < n_clusters:
         return _one_each_to_largest(sizes, budget)

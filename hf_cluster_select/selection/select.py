@@ -6,16 +6,36 @@ chooses the kept members and their weights, which sum to the cluster's size so t
 the full data. CluSTER (Kim et al., EMNLP 2026) keeps peripheral members — they
 beat random and central members in its ablation — with the same count per cluster; unlike CluSTER, the budget here
 is met exactly.
+
+Details of `select_from_labels`:
+- *Deferred* examples (no loss-bearing token: training on them changes nothing) are kept only when the budget cannot
+  be met without them: the others are selected with the same budget, clusters sized over them; when the budget
+  reaches their count, all of them and the lowest-index deferred examples fill it, each weighted n / budget.
+- *Duplicate groups* (`ClusteringResult.groups`): each group is one candidate (its lowest-index copy) that stands
+  for all its copies: quotas count groups and a kept copy's weight is multiplied by its group's size, so a row
+  repeated 15 times takes one slot and keeps its share of the weight (ignored when there are fewer groups than the
+  budget).
+- *Strata* (a user's task / source / language column): quotas and rules work on (stratum, cluster) cells, the
+  budget split over strata first, so every stratum gets its proportional share; `Selection.labels` stay clusters.
+- `budget_unit="tokens"`: the budget is `selection_budget(Σ lengths, data_fraction)` tokens, split over clusters
+  (and strata) by their tokens; each cluster keeps the member count (at least 1) whose tokens, as its rule picks
+  them, come closest to its share (bisection over the count, `_closest_count`): within one member for a rule whose
+  choice grows with the count (facility location, k-center, central, peripheral), about so for rules that draw
+  afresh for every count (random, importance sampling). The kept count varies.
+- When the budget is below the number of clusters, the clusters left out are spread over the kept ones by scaling
+  all weights by n / Σ|C_c| over the kept clusters.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 
 from .._types import NO_LOSS_LABEL, ClusteringResult, Selection
 from ..config import BUDGET_UNITS, ClusterSelectConfig
+from ..settings import SelectionSettings
 from .budget import selection_budget
 from .quotas import cluster_quotas
 from .within_cluster import WITHIN_CLUSTER_RULES
@@ -101,16 +121,16 @@ def select_from_labels(
     reduced: Any = None,
     *,
     data_fraction: float,
-    within_cluster: str = "peripheral",
-    quota: str = "proportional",
-    seed: int = 42,
+    within_cluster: str = ClusterSelectConfig.within_cluster,
+    quota: str = SelectionSettings.quota,
+    seed: int = ClusterSelectConfig.selection_seed,
     deferred: Any = None,
     norms: Any = None,
     losses: Any = None,
     groups: Any = None,
     strata: Any = None,
     lengths: Any = None,
-    budget_unit: str = "examples",
+    budget_unit: str = ClusterSelectConfig.budget_unit,
 ) -> Selection:
     """Keep exactly `selection_budget(n, data_fraction)` examples (or about that share of the tokens), spread over
     clusters and weighted.
@@ -121,44 +141,73 @@ def select_from_labels(
             each cluster's centroid (mean of its members, Euclidean) rank members. Required unless
             `within_cluster="random"`.
         data_fraction (`float`): share of examples to keep, in (0, 1]; the budget is rounded half up.
-        within_cluster (`str`, *optional*, defaults to `"peripheral"`): keep the members farthest from
-            (`"peripheral"`, CluSTER's choice) or nearest to (`"central"`) the centroid, ties to the lower index;
+        within_cluster (`str`, *optional*, defaults to `ClusterSelectConfig.within_cluster`): a rule of
+            `WITHIN_CLUSTER_RULES`, e.g. greedy medoids (`"facility_location"`), the members farthest from
+            (`"peripheral"`, CluSTER's choice) or nearest to (`"central"`) the centroid, ties to the lower index,
             or a random subset seeded by (`seed`, cluster label) (`"random"`).
-        quota (`str`, *optional*, defaults to `"proportional"`): budget split, see `cluster_quotas`.
-        seed (`int`, *optional*, defaults to `42`): seed of `"random"`.
-        deferred (array-like of shape `[n_examples]`, bool, *optional*): examples to keep only when the budget cannot
-            be met without them (examples without loss-bearing tokens: training on them changes nothing). The others
-            are selected as above with the same budget, clusters sized over them; when the budget reaches their
-            count, all of them and the lowest-index deferred examples fill it, each weighted n / budget. When
-            every example is deferred, none is.
-        norms (array-like of shape `[n_examples]`, *optional*): raw feature norms (the gradient-norm estimate),
-            passed to the within-cluster rule.
-        losses (array-like of shape `[n_examples]`, *optional*): warm-up losses, passed to the within-cluster rule.
+        quota (`str`, *optional*, defaults to `SelectionSettings.quota`): budget split, see `cluster_quotas`.
+        seed (`int`, *optional*, defaults to `ClusterSelectConfig.selection_seed`): seed of the rule's RNG.
+        deferred (array-like of shape `[n_examples]`, bool, *optional*): examples kept only when the budget needs
+            them (see the module docstring).
+        norms, losses (array-like of shape `[n_examples]`, *optional*): raw feature norms (the gradient-norm
+            estimate) and warm-up losses, passed to the within-cluster rule.
         groups (array-like of shape `[n_examples]`, int, *optional*): duplicate groups (`ClusteringResult.groups`).
-            Each group is one candidate (its lowest-index copy) that stands for all its copies: quotas count groups,
-            and a kept copy's weight is multiplied by its group's size, so a row repeated 15 times takes one slot
-            and keeps its share of the weight. Ignored when there are fewer groups than the budget.
-        strata (array-like of shape `[n_examples]`, *optional*): a user's grouping (task, source, language): quotas
-            and within-cluster rules then work on (stratum, cluster) cells, so every stratum gets its proportional
-            share; `Selection.labels` stay the clusters.
+        strata (array-like of shape `[n_examples]`, *optional*): a user's grouping (task, source, language).
         lengths (array-like of shape `[n_examples]`, int >= 1, *optional*): tokens of every example; required for
             `budget_unit="tokens"`.
-        budget_unit (`str`, *optional*, defaults to `"examples"`): `"tokens"`: the budget is
-            `selection_budget(Σ lengths, data_fraction)` tokens, split over clusters (and strata) by their tokens as
-            above; each cluster keeps the number of members (at least 1) whose tokens, as its rule chooses them, come
-            closest to its share (bisection over the count, see `_closest_count`): within one member of it for a
-            rule whose choice grows with the count (facility location, k-center, central, peripheral); about so for
-            rules that draw afresh for every count (random, importance sampling). The kept count varies.
+        budget_unit (`str`, *optional*, defaults to `ClusterSelectConfig.budget_unit`): `"examples"` or `"tokens"`.
     Returns:
-        `Selection`: kept `indices` `[m]` (int64, sorted ascending), `weights` `[m]` (float64,
-        `|C_c| / kept_c`, summing to n; when the budget is below the number of clusters, the clusters left out
-        are spread over the kept ones by scaling all weights by n / Σ|C_c| over kept clusters), `labels` `[m]` of
-        the kept examples, `n_total` = n.
+        `Selection`: kept `indices` `[m]` (int64, sorted ascending), `weights` `[m]` (float64, `|C_c| / kept_c`,
+        summing to n), `labels` `[m]` of the kept examples, `n_total` = n.
     Raises:
         ValueError: if `labels` is not 1-D, empty or negative, `reduced` is missing, misshapen or not finite, or
             an option is out of range.
         TypeError: if `seed` is not an int or `data_fraction` not a number.
     """
+    labels = _checked_labels(labels)
+    rule = WITHIN_CLUSTER_RULES.get(within_cluster)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"`seed` must be an int, got {seed!r}.")
+    n_total = labels.size
+    points = _checked_points(reduced, n_total, within_cluster, getattr(rule, "needs_points", True))
+    norms, losses = (None if v is None else _per_example(name, v, n_total) for name, v in (("norms", norms),
+                                                                                          ("losses", losses)))
+    cost = _costs(budget_unit, lengths, n_total)
+    budget = selection_budget(int(cost.sum()), data_fraction)
+    eligible = _eligible(deferred, n_total)
+    if budget >= cost[eligible].sum():
+        return _keep_all_eligible(labels, eligible, cost, budget)
+    cells, stratum_of = (labels, None) if strata is None else _cells(labels, strata, n_total)
+    units, copies = _units(eligible, groups, budget, n_total, cost)
+    clusters, position = np.unique(cells[units], return_inverse=True)
+    position = position.reshape(-1)
+    unit_sizes = np.bincount(position, weights=cost[units]).astype(np.int64)  # what quotas split: units or tokens
+    sizes = np.bincount(position, weights=copies).astype(np.int64)  # examples
+    quotas = _quotas(unit_sizes, budget, quota, None if stratum_of is None else stratum_of[clusters])
+    pick_for = functools.partial(_member_picker, rule, within_cluster, seed, points=points, norms=norms,
+                                 losses=losses)
+    indices, weights = _select_in_cells(cells, units, copies, clusters, sizes, quotas, pick_for,
+                                        cost if budget_unit == "tokens" else None)
+    covered = int(sizes[quotas > 0].sum())
+    if covered < n_total:  # clusters (budget < K) or deferred examples left out: spread their mass to sum to n
+        weights *= n_total / covered
+    order = np.argsort(indices, kind="stable")
+    indices = indices[order].astype(np.int64)
+    return Selection(indices=indices, weights=weights[order], labels=labels[indices], n_total=int(n_total))
+
+
+def _keep_all_eligible(labels: np.ndarray, eligible: np.ndarray, cost: np.ndarray, budget: int) -> Selection:
+    """Every eligible example, the rest of the budget filled with deferred ones by index, each weighted n / kept."""
+    n_total = labels.size
+    rest = np.setdiff1d(np.arange(n_total), eligible)
+    fill = rest[np.cumsum(cost[rest]) <= budget - cost[eligible].sum()]
+    indices = np.sort(np.concatenate([eligible, fill])).astype(np.int64)
+    weights = np.full(indices.size, n_total / indices.size, dtype=np.float64)
+    return Selection(indices=indices, weights=weights, labels=labels[indices], n_total=int(n_total))
+
+
+def _checked_labels(labels: Any) -> np.ndarray:
+    """`labels` as int64 `[n]`, checked: 1-D, non-empty, integral, >= 0."""
     labels = np.asarray(labels)
     if labels.ndim != 1 or labels.size == 0:
         raise ValueError(f"`labels` must be a non-empty 1-D array, got shape {labels.shape}.")
@@ -172,98 +221,107 @@ def select_from_labels(
         raise ValueError(
             f"`labels` holds {int((labels < 0).sum())} negative values (HDBSCAN noise?); apply a noise policy first."
         )
-    rule = WITHIN_CLUSTER_RULES.get(within_cluster)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"`seed` must be an int, got {seed!r}.")
-    n_total = labels.size
-    points = None
-    if getattr(rule, "needs_points", True) or reduced is not None:
-        if reduced is None:
-            raise ValueError(f"`reduced` is required for within_cluster={within_cluster!r}.")
-        points = np.asarray(reduced, dtype=np.float64)
-        if points.ndim == 1:
-            points = points[:, None]
-        if points.ndim != 2 or points.shape[0] != n_total:
-            raise ValueError(f"`reduced` must have shape [{n_total}, dim], got {tuple(points.shape)}.")
-        if not np.isfinite(points).all():
-            raise ValueError(f"`reduced` holds {int((~np.isfinite(points)).sum())} NaN/inf values.")
-    norms, losses = (None if v is None else _per_example(name, v, n_total) for name, v in (("norms", norms),
-                                                                                          ("losses", losses)))
+    return labels
+
+
+def _checked_points(reduced: Any, n_total: int, within_cluster: str, needed: bool) -> np.ndarray | None:
+    """`reduced` as finite float64 `[n, d]`, or `None` when the rule needs no geometry and none was given."""
+    if not needed and reduced is None:
+        return None
+    if reduced is None:
+        raise ValueError(f"`reduced` is required for within_cluster={within_cluster!r}.")
+    points = np.asarray(reduced, dtype=np.float64)
+    if points.ndim == 1:
+        points = points[:, None]
+    if points.ndim != 2 or points.shape[0] != n_total:
+        raise ValueError(f"`reduced` must have shape [{n_total}, dim], got {tuple(points.shape)}.")
+    if not np.isfinite(points).all():
+        raise ValueError(f"`reduced` holds {int((~np.isfinite(points)).sum())} NaN/inf values.")
+    return points
+
+
+def _costs(budget_unit: str, lengths: Any, n_total: int) -> np.ndarray:
+    """What the budget counts per example `[n]`: 1 (`"examples"`) or its tokens (`"tokens"`)."""
     if budget_unit not in BUDGET_UNITS:
         raise ValueError(f"`budget_unit` must be one of {list(BUDGET_UNITS)}, got {budget_unit!r}.")
-    cost = np.ones(n_total, dtype=np.int64)  # what the budget counts, per example
-    if budget_unit == "tokens":
-        if lengths is None:
-            raise ValueError("`lengths` (tokens per example) is required for budget_unit='tokens'.")
-        cost = np.asarray(lengths).reshape(-1).astype(np.int64)
-        if cost.shape != (n_total,) or cost.min() < 1:
-            raise ValueError(f"`lengths` must be {n_total} ints >= 1, got shape {cost.shape}, min {cost.min()}.")
-    budget = selection_budget(int(cost.sum()), data_fraction)
-    eligible = np.arange(n_total)
-    if deferred is not None:
-        deferred = np.asarray(deferred, dtype=bool).reshape(-1)
-        if deferred.shape != (n_total,):
-            raise ValueError(f"`deferred` must have shape [{n_total}], got {tuple(deferred.shape)}.")
-        if not deferred.all():
-            eligible = np.flatnonzero(~deferred)
-    if budget >= cost[eligible].sum():  # keep every eligible example, fill the rest with deferred ones by index
-        rest = np.setdiff1d(np.arange(n_total), eligible)
-        fill = rest[np.cumsum(cost[rest]) <= budget - cost[eligible].sum()]
-        indices = np.sort(np.concatenate([eligible, fill])).astype(np.int64)
-        weights = np.full(indices.size, n_total / indices.size, dtype=np.float64)
-        return Selection(indices=indices, weights=weights, labels=labels[indices], n_total=int(n_total))
-    cells, stratum_of = (labels, None) if strata is None else _cells(labels, strata, n_total)
-    units, copies = _units(eligible, groups, budget, n_total, cost)
-    clusters, position = np.unique(cells[units], return_inverse=True)
-    position = position.reshape(-1)
-    unit_sizes = np.bincount(position, weights=cost[units]).astype(np.int64)  # what quotas split: units or tokens
-    sizes = np.bincount(position, weights=copies).astype(np.int64)  # examples
-    if stratum_of is None:
-        quotas = cluster_quotas(unit_sizes, budget, quota)
-    else:  # the budget over strata first (exact proportional shares), then each stratum's over its cells
-        owner = stratum_of[clusters]
-        per_stratum = cluster_quotas(np.bincount(owner, weights=unit_sizes).astype(np.int64)[np.unique(owner)],
-                                     budget, "proportional")
-        quotas = np.zeros(clusters.size, dtype=np.int64)
-        for stratum, share in zip(np.unique(owner), per_stratum):
-            if share:
-                inside = owner == stratum
-                quotas[inside] = cluster_quotas(unit_sizes[inside], int(share), quota)
+    if budget_unit == "examples":
+        return np.ones(n_total, dtype=np.int64)
+    if lengths is None:
+        raise ValueError("`lengths` (tokens per example) is required for budget_unit='tokens'.")
+    cost = np.asarray(lengths).reshape(-1).astype(np.int64)
+    if cost.shape != (n_total,) or cost.min() < 1:
+        raise ValueError(f"`lengths` must be {n_total} ints >= 1, got shape {cost.shape}, min {cost.min()}.")
+    return cost
+
+
+def _eligible(deferred: Any, n_total: int) -> np.ndarray:
+    """Positions selection chooses among first: all but the `deferred` ones (all when every one is deferred)."""
+    if deferred is None:
+        return np.arange(n_total)
+    deferred = np.asarray(deferred, dtype=bool).reshape(-1)
+    if deferred.shape != (n_total,):
+        raise ValueError(f"`deferred` must have shape [{n_total}], got {tuple(deferred.shape)}.")
+    return np.arange(n_total) if deferred.all() else np.flatnonzero(~deferred)
+
+
+def _quotas(unit_sizes: np.ndarray, budget: int, quota: str, owner: np.ndarray | None) -> np.ndarray:
+    """Per-cell quotas `[n_cells]`; with strata (`owner`: the stratum of every cell), the budget goes over strata
+    first (exact proportional shares), then each stratum's share over its cells."""
+    if owner is None:
+        return cluster_quotas(unit_sizes, budget, quota)
+    present = np.unique(owner)
+    per_stratum = cluster_quotas(np.bincount(owner, weights=unit_sizes).astype(np.int64)[present], budget,
+                                 "proportional")
+    quotas = np.zeros(unit_sizes.size, dtype=np.int64)
+    for stratum, share in zip(present, per_stratum):
+        if share:
+            inside = owner == stratum
+            quotas[inside] = cluster_quotas(unit_sizes[inside], int(share), quota)
+    return quotas
+
+
+def _select_in_cells(cells: np.ndarray, units: np.ndarray, copies: np.ndarray, clusters: np.ndarray,
+                     sizes: np.ndarray, quotas: np.ndarray, pick_for, token_cost: np.ndarray | None):
+    """Every cell's kept members and their weights (summing to the cell's size in examples): `quotas` members by
+    the cell's rule (`pick_for(cluster, members)`), or under a token budget (`token_cost` per example) the count
+    whose tokens come closest to the quota. Returns (indices `[m]`, weights `[m]`), in cell order."""
     kept_parts, weight_parts = [], []
     for cluster, size, keep in zip(clusters, sizes, quotas):
         if keep == 0:
             continue
         in_cluster = cells[units] == cluster
         members, counts = units[in_cluster], copies[in_cluster]
-
-        def pick(count: int) -> tuple[np.ndarray, np.ndarray]:
-            rng = np.random.default_rng([int(seed) % 2**64, int(cluster) % 2**64])
-            chosen, weights = rule(np.zeros((members.size, 0)) if points is None else points[members], count, rng,
-                                   norms=None if norms is None else norms[members],
-                                   losses=None if losses is None else losses[members])
-            return _checked(chosen, weights, members.size, count, within_cluster)
-
-        if budget_unit == "examples":
+        pick = pick_for(int(cluster), members)
+        if token_cost is None:
             positions, weights = pick(int(keep))
         else:  # `keep` tokens: the count whose members hold the tokens closest to it, by bisection over the count
-            positions, weights = _closest_count(pick, lambda chosen: int(cost[members[chosen]].sum()), int(keep),
-                                                members.size)
+            positions, weights = _closest_count(pick, lambda chosen: int(token_cost[members[chosen]].sum()),
+                                                int(keep), members.size)
         weights = weights * counts[positions]  # a kept copy stands for its duplicates too
         kept_parts.append(members[positions])
         weight_parts.append(weights * (size / weights.sum()))
-    indices = np.concatenate(kept_parts)
-    weights = np.concatenate(weight_parts)
-    covered = int(sizes[quotas > 0].sum())
-    if covered < n_total:  # clusters (budget < K) or deferred examples left out: spread their mass to sum to n
-        weights *= n_total / covered
-    order = np.argsort(indices, kind="stable")
-    indices = indices[order].astype(np.int64)
-    return Selection(indices=indices, weights=weights[order], labels=labels[indices], n_total=int(n_total))
+    return np.concatenate(kept_parts), np.concatenate(weight_parts)
+
+
+def _member_picker(rule, within_cluster: str, seed: int, cluster: int, members: np.ndarray, *,
+                   points: np.ndarray | None, norms: np.ndarray | None, losses: np.ndarray | None):
+    """`pick(count) -> (positions, weights)`: the rule's choice of `count` of one cluster's `members`, checked;
+    its RNG is seeded by (`seed`, `cluster`)."""
+
+    def pick(count: int) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng([int(seed) % 2**64, int(cluster) % 2**64])
+        chosen, weights = rule(np.zeros((members.size, 0)) if points is None else points[members], count, rng,
+                               norms=None if norms is None else norms[members],
+                               losses=None if losses is None else losses[members])
+        return _checked(chosen, weights, members.size, count, within_cluster)
+
+    return pick
 
 
 def select_subset(result: ClusteringResult, config: ClusterSelectConfig, *, norms: Any = None,
                   losses: Any = None, strata: Any = None, lengths: Any = None) -> Selection:
-    """Select from a clustering with the settings of `config` (`data_fraction`, `quota`, `within_cluster`, `seed`).
+    """Select from a clustering with the settings of `config` (`data_fraction`, `within_cluster` and its
+    `quota`, `selection_seed`, `budget_unit`).
 
     Args:
         result (`ClusteringResult`): output of `clustering.cluster_features` (`labels` `[n]`, `reduced` `[n, d]`).
@@ -286,7 +344,7 @@ def select_subset(result: ClusteringResult, config: ClusterSelectConfig, *, norm
         result.reduced,
         data_fraction=config.data_fraction,
         within_cluster=config.within_cluster,
-        quota=config.quota,
+        quota=config.selection_settings.quota,
         seed=config.selection_seed,
         deferred=np.asarray(result.raw_labels) == NO_LOSS_LABEL,
         norms=norms,

@@ -7,8 +7,8 @@ A rule is a function
 over the members of one cluster, in dataset order: `positions` are unique int64 indices into the members, `weights`
 are positive float64 and sum to `n_c`, so that the kept members stand for the whole cluster. `norms` are the raw
 (pre-normalisation) feature norms, `losses` the warm-up losses, where the pipeline has them. A rule that needs no
-geometry sets `needs_points = False` and then gets `points` of shape `[n_c, 0]`. Register a rule with `@WITHIN_CLUSTER_RULES.register("name")` and add the name
-to `config.WITHIN_CLUSTER`.
+geometry sets `needs_points = False` and then gets `points` of shape `[n_c, 0]`. Register a rule with `@WITHIN_CLUSTER_RULES.register("name")`
+(with `settings=` for a settings class of its own).
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def _expected_subset_batches(records, scenario, lengths, epoch) -> list[list[lis
     indices = np.asarray(selection["indices"])
     sampler = ClusterBatchSampler(indices=indices, labels=selection["labels"], lengths=lengths[indices],
                                   world_size=world, per_device_batch_size=4, seed=config.selection_seed,
-                                  balance_tokens=config.balance_tokens, window=config.balance_window,
+                                  balance_tokens=config.allocation_settings.balance_tokens, window=config.allocation_settings.balance_window,
                                   allocation=config.allocation)
     sampler.set_epoch(epoch)
     batches = list(sampler)
@@ -160,7 +160,7 @@ def test_selection_matches_one_process_run(two, tmp_path, monkeypatch):
                              norms=torch.from_numpy(gathered["norms"].copy()),
                              losses=torch.from_numpy(gathered["losses"]) if "losses" in gathered else None)
 
-    name, _ = resolve_feature(own.model, own.cluster_config.feature, own.cluster_config.feature_layers)
+    name, _ = resolve_feature(own.model, own.cluster_config.feature, own.cluster_config.feature_settings.feature_layers)
     monkeypatch.setitem(FEATURES._entries, name, the_gathered_features)
     monkeypatch.setenv("HF_CLUSTER_SELECT_CACHE", str(tmp_path / "replay-cache"))
     single = worker.build_trainer("select0", str(tmp_path / "replay"), cls=worker.ClusterTrainer)

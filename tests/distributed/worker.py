@@ -58,17 +58,17 @@ def _recording(signal):
 SCENARIOS = {
     "main": dict(
         n=90,
-        config=dict(data_fraction=0.5, hdbscan_min_cluster_size=5, selection_warmup_steps=1),
+        config=dict(data_fraction=0.5, selection_warmup_steps=1),
         args=dict(gradient_accumulation_steps=4, num_train_epochs=3, save_strategy="steps", save_steps=4),
     ),
     "main3": dict(  # for 3 processes: 54 kept, 5 batches per rank (60 slots), accumulation 2 (steps of 2, 2, 1)
         n=90,
-        config=dict(data_fraction=0.6, hdbscan_min_cluster_size=5, selection_warmup_steps=1),
+        config=dict(data_fraction=0.6, selection_warmup_steps=1),
         args=dict(gradient_accumulation_steps=2, num_train_epochs=2),
     ),
     "select0": dict(
         n=90,
-        config=dict(data_fraction=0.4, hdbscan_min_cluster_size=5, selection_warmup_steps=0),
+        config=dict(data_fraction=0.4, selection_warmup_steps=0),
         args=dict(num_train_epochs=1, logging_steps=2),
     ),
     "paper": dict(
@@ -138,7 +138,7 @@ def build_trainer(scenario: str, out_dir: str, cls=RecordingTrainer) -> ClusterT
         disable_tqdm=True,
     )
     values.update(spec["args"])
-    make = ClusterSelectConfig.paper if spec.get("paper") else ClusterSelectConfig
+    make = ClusterSelectConfig.paper if spec.get("paper") else tiny_assets.config_with
     return cls(
         model=tiny_assets.build_model(tokenizer),
         args=TrainingArguments(**values),

@@ -1,0 +1,156 @@
+"""Per-strategy settings: small frozen dataclasses registered with their strategy (layer L0: imports nothing).
+
+`ClusterSelectConfig` keeps what matters to every run; a strategy's own settings (HDBSCAN's `min_samples`, the
+fine-KMeans stratum size, the token-balance window, ...) live in the settings class registered with that strategy
+(`Registry.register(name, settings=...)`), the way peft keeps one config class per tuner. A user sets them through
+`ClusterSelectConfig(strategy_kwargs={...})`; the config builds the settings of every chosen strategy from it,
+and each default is written once, here or next to the strategy that owns it.
+
+Every stage has a base class whose settings apply to all its strategies:
+
+- `FeatureSettings` (`feature`): `feature_context`, `projection_dim`, `feature_batch_size`, `feature_layers`.
+- `ClusteringSettings` (`cluster_method`): `pca_dim`, `cluster_sample_size`; subclasses add their own
+  (`selection.kmeans_clusterer`, `selection.hdbscan_clusterer`).
+- `SelectionSettings` (`within_cluster`): `quota`.
+- `AllocationSettings` (`allocation`): `balance_tokens`, `balance_window`.
+
+A settings class validates itself in `__post_init__` (`ValueError` naming the setting and the value it got) and
+declares each field's `metadata={"help": ...}` (and `"choices"` for an enumeration), like `ClusterSelectConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def check_optional_int(name: str, value: Any, minimum: int) -> None:
+    """Raise `ValueError` unless `value` is None or an int (not a bool) >= `minimum`; the message names `name`."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"`{name}` must be an int >= {minimum} or None, got {value!r}.")
+
+
+def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    """Raise `ValueError` unless `value` is one of `choices`."""
+    if value not in choices:
+        raise ValueError(f"`{name}` must be one of {list(choices)}, got {value!r}.")
+
+
+def check_bool(name: str, value: Any) -> None:
+    """Raise `TypeError` unless `value` is a bool."""
+    if not isinstance(value, bool):
+        raise TypeError(f"`{name}` must be a bool, got {value!r}.")
+
+
+def choices_of(settings_class: type, name: str) -> tuple[str, ...]:
+    """The `"choices"` declared in the metadata of field `name` of `settings_class`."""
+    return tuple(next(f for f in dataclasses.fields(settings_class) if f.name == name).metadata["choices"])
+
+
+def setting_names(settings_class: type) -> list[str]:
+    """Field names of a settings dataclass, in declaration order."""
+    return [f.name for f in dataclasses.fields(settings_class)]
+
+
+@dataclass(frozen=True)
+class FeatureSettings:
+    """Settings of every feature signal (`feature`).
+
+    Attributes:
+        feature_context (`str`, defaults to `"full"`): what causal-LM features see (see the field's help).
+        projection_dim (`int`, *optional*): random-projection dimension; `None` keeps the model's hidden size.
+        feature_batch_size (`int`, *optional*): examples per feature forward pass; `None` = the per-device eval
+            batch size.
+        feature_layers (`int`, *optional*): features from the first k transformer blocks (then the final norm and
+            head); `None` = all blocks, except that `feature="auto"` on a language model takes round(2/3 · n_layers).
+    Raises:
+        ValueError: for a value out of range (named).
+    """
+
+    feature_context: str = field(default="full", metadata={
+        "help": "What causal-LM features see: 'full' = the whole example, pooled over loss-bearing tokens only "
+                "(CluSTER); 'loss_tokens' = the loss-bearing tokens alone, so prompts do not affect the features.",
+        "choices": ["full", "loss_tokens"]})
+    projection_dim: int | None = field(default=None, metadata={
+        "help": "Random-projection dimension of the features; None keeps the model's hidden size."})
+    feature_batch_size: int | None = field(default=None, metadata={
+        "help": "Examples per forward pass of the feature pass; None = per-device eval batch size."})
+    feature_layers: int | None = field(default=None, metadata={
+        "help": "Features from only the first k transformer blocks (then the model's final norm and head): about "
+                "k / n_layers of the feature pass; None = all blocks, except that feature='auto' on a language "
+                "model takes round(2/3 · n_layers)."})
+
+    def __post_init__(self) -> None:
+        check_choice("feature_context", self.feature_context, choices_of(FeatureSettings, "feature_context"))
+        for name in ("projection_dim", "feature_batch_size", "feature_layers"):
+            check_optional_int(name, getattr(self, name), 1)
+
+
+@dataclass(frozen=True)
+class ClusteringSettings:
+    """Settings of every clusterer (`cluster_method`).
+
+    Attributes:
+        pca_dim (`int`, *optional*, defaults to `16`): PCA dimension of the L2-normalised features before
+            clustering; `None` = no PCA.
+        cluster_sample_size (`int`, *optional*, defaults to `20000`): above this many distinct rows, PCA and the
+            clusterer are fitted on a seeded sample and the other rows join their nearest exemplar's cluster;
+            `None` = always fit on all rows.
+    Raises:
+        ValueError: for a value out of range (named).
+    """
+
+    pca_dim: int | None = field(default=16, metadata={
+        "help": "Dimension the L2-normalised features are reduced to by PCA before clustering; None = none."})
+    cluster_sample_size: int | None = field(default=20000, metadata={
+        "help": "Above this many distinct feature rows, PCA and the clusterer are fitted on a seeded sample of this "
+                "size and every other row joins the cluster of its nearest exemplar; None = always fit on all rows."})
+
+    def __post_init__(self) -> None:
+        check_optional_int("pca_dim", self.pca_dim, 1)
+        check_optional_int("cluster_sample_size", self.cluster_sample_size, 100)
+
+
+@dataclass(frozen=True)
+class SelectionSettings:
+    """Settings of every within-cluster rule (`within_cluster`).
+
+    Attributes:
+        quota (`str`, defaults to `"proportional"`): how the budget is split over clusters (`quotas.cluster_quotas`).
+    Raises:
+        ValueError: for an unknown quota.
+    """
+
+    quota: str = field(default="proportional", metadata={
+        "help": "How the budget is split across clusters: in proportion to size, or the same count each.",
+        "choices": ["proportional", "uniform"]})
+
+    def __post_init__(self) -> None:
+        check_choice("quota", self.quota, choices_of(SelectionSettings, "quota"))
+
+
+@dataclass(frozen=True)
+class AllocationSettings:
+    """Settings of every allocation (`allocation`).
+
+    Attributes:
+        balance_tokens (`bool`, defaults to `True`): compose micro-steps so that ranks get equal padded tokens.
+        balance_window (`int`, defaults to `16`): look-ahead in micro-steps of the token balancing.
+    Raises:
+        ValueError: if `balance_window` < 1. TypeError: if `balance_tokens` is not a bool.
+    """
+
+    balance_tokens: bool = field(default=True, metadata={
+        "help": "Compose each optimizer micro-step so that ranks get equal padded token counts."})
+    balance_window: int = field(default=16, metadata={
+        "help": "Look-ahead, in micro-steps, from which token-balanced batches are filled (an example waits at "
+                "most this many steps)."})
+
+    def __post_init__(self) -> None:
+        check_bool("balance_tokens", self.balance_tokens)
+        if isinstance(self.balance_window, bool) or not isinstance(self.balance_window, int) or self.balance_window < 1:
+            raise ValueError(f"`balance_window` must be an int >= 1, got {self.balance_window!r}.")
+
