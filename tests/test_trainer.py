@@ -452,3 +452,34 @@ def test_a_sampler_override_is_reported(tmp_path, tiny_lm, lm_dataset, collator)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         ClusterTrainer(model=trainer.model, args=trainer.args, train_dataset=lm_dataset, data_collator=collator)
+
+
+def test_loss_and_dataloader_overrides_that_drop_the_selection_are_reported(tmp_path, tiny_lm, lm_dataset, collator):
+    """A `compute_loss` that never reaches the parent's trains unweighted, and a `get_train_dataloader` override is
+    used for the warm-up only: each is reported once, with the supported way; an override that calls `super()` is
+    not reported."""
+    import warnings
+
+    class OwnLoss(ClusterTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            outputs = model(**inputs)
+            return (outputs.loss, outputs) if return_outputs else outputs.loss
+
+    class OwnLoader(ClusterTrainer):
+        def get_train_dataloader(self):
+            return super().get_train_dataloader()
+
+    class ScaledLoss(ClusterTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            return 2 * super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    kwargs = dict(model=tiny_lm, args=make_args(tmp_path), train_dataset=lm_dataset, data_collator=collator)
+    with pytest.warns(UserWarning, match=r"OwnLoss.compute_loss does not call the parent's compute_loss.*"
+                                         r"super\(\).compute_loss"):
+        OwnLoss(**kwargs)
+    with pytest.warns(UserWarning, match="OwnLoader.get_train_dataloader is used for the warm-up only"):
+        OwnLoader(**kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        ScaledLoss(**kwargs)
+        OwnLoss(**kwargs)  # once per class

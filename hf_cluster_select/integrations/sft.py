@@ -49,8 +49,8 @@ if _SFTTrainer is not None:
 
         Features count loss-bearing tokens only (labels ≠ -100: the completion, or the assistant turns): prompt tokens
         add no term to an example's feature. With the default `feature_context="full"` the prompt is still the
-        context those tokens are predicted from, as in CluSTER; with `ClusterSelectConfig(feature_context=
-        "loss_tokens")` features are computed from the loss-bearing tokens alone, so examples with the same
+        context those tokens are predicted from, as in CluSTER; with `ClusterSelectConfig(strategy_kwargs=
+        {"feature_context": "loss_tokens"})` features are computed from the loss-bearing tokens alone, so examples with the same
         loss-bearing tokens get the same features whatever their prompts.
 
         After selection the loss keeps TRL's fused path (and its `entropy` / `mean_token_accuracy` metrics) with each

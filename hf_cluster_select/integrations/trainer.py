@@ -40,7 +40,7 @@ from . import compat
 from .callbacks import ClusterSelectCallback
 from .feature_model import load_feature_model, load_given_selection
 from .outputs import SelectionOutputsMixin
-from .model_checks import labels_are_shifted, warn_if_sampler_overridden
+from .model_checks import labels_are_shifted, warn_if_hooks_overridden
 
 compat.warn_if_unsupported()
 
@@ -86,7 +86,7 @@ class ClusterSelectMixin(SelectionOutputsMixin):
         self._cs_subset_sampler = self._cs_subset_loader = None  # the prepared loader of the run's subset sampler
         self._cs_resume_selection: tuple = (None, None)  # (checkpoint folder, its SavedSelection) read by train()
         super().__init__(*args, **kwargs)
-        warn_if_sampler_overridden(type(self))
+        warn_if_hooks_overridden(type(self))
         self.cluster_callback = ClusterSelectCallback(self)
         self.add_callback(self.cluster_callback)
         callbacks = self.callback_handler.callbacks  # first: its end-of-training log reaches the reporters (e.g.
