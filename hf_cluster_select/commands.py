@@ -6,12 +6,12 @@
     hf-cluster-select demo [--quick]
 
 `select` computes the features, the clusters and the selection of a dataset without training (a progress bar
-over the feature batches, one line per phase) and writes to `--output`: the dataset with `cluster_id`,
-`raw_cluster_id` (-1 = HDBSCAN noise), `weight` (0 when not kept) and `kept` columns (`datasets.save_to_disk` in
-`DIR/dataset`, and `DIR/selection.parquet`), `selection_report.json`, `cluster_selection.npz` (for
-`ClusterTrainer(selection=DIR)`), the model-card section and the cluster-size plot. Every `ClusterSelectConfig`
-field is an option (`--data-fraction`, `--within-cluster`, `--strategy-kwargs '{"pca_dim": 32}'`, ...; `None` sets
-a field to None); `--help` lists them.
+over the feature batches, one line per phase) and writes to `--output` (new or empty unless `--overwrite`): the
+dataset with `cluster_id`, `raw_cluster_id` (-1 = HDBSCAN noise), `weight` (0 when not kept) and `kept` columns
+(`datasets.save_to_disk` in `DIR/dataset`, and `DIR/selection.parquet`), `selection_report.json`,
+`cluster_selection.npz` (for `ClusterTrainer(selection=DIR)`), the model-card section and the cluster-size plot.
+Every `ClusterSelectConfig` field is an option (`--data-fraction`, `--within-cluster`, `--strategy-kwargs
+'{"pca_dim": 32}'`, ...; `None` sets a field to None); `--help` lists them.
 """
 
 from __future__ import annotations
@@ -119,13 +119,19 @@ def build_parser() -> argparse.ArgumentParser:
     select.add_argument("--messages-column", help="chat messages: loss on the last assistant turn")
     select.add_argument("--max-length", type=int, default=512, help="tokens kept per example (default: 512)")
     select.add_argument("--batch-size", type=int, default=8, help="examples per feature batch (default: 8)")
-    select.add_argument("--output", required=True, help="folder to write (created)")
+    select.add_argument("--output", required=True, help="folder to write (created; it must be empty unless "
+                                                        "--overwrite)")
+    select.add_argument("--overwrite", action="store_true",
+                        help="write into a non-empty --output folder (files of the same name are replaced)")
+    select.add_argument("--debug", action="store_true",
+                        help="raise errors with their traceback instead of the one-line message")
     _config_options(select)
     report = commands.add_parser("report", help="print the summary and per-cluster table of a `select` folder")
     report.add_argument("folder")
     report.add_argument("--examples", type=int, default=3, help="example texts shown per cluster (default: 3)")
     demo = commands.add_parser("demo", help="the README's main job (python -m hf_cluster_select.demo)")
     demo.add_argument("demo_args", nargs=argparse.REMAINDER, help="passed on, e.g. --quick")
+    _cache_parser(commands)
     return parser
 
 
@@ -134,17 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "select":
-        from .commands_select import run_select
-
-        try:
-            config = config_from_args(args)
-        except (ValueError, TypeError) as error:  # a bad option value: argparse's one-line error, exit status 2
-            parser.error(str(error))
-        try:
-            run_select(args, config)
-        except ValueError as error:  # bad data or model: one line, not a traceback
-            print(f"hf-cluster-select select: error: {error}", file=sys.stderr)
-            return 2
+        return _run_select_command(args)
     elif args.command == "report":
         try:
             print(format_report(args.folder, args.examples))
@@ -154,10 +150,37 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         except BrokenPipeError:  # `report ... | head`: the reader left, nothing to say
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    elif args.command == "cache":
+        return run_cache(args)
     else:
         from .demo.__main__ import main as demo_main
 
         demo_main(list(args.demo_args))
+    return 0
+
+
+def _run_select_command(args: argparse.Namespace) -> int:
+    """`select`: 0, or 2 after one line `hf-cluster-select select: error: ...` on stderr for a bad option value, data
+    file, model or output folder (found before the model loads) and, with a hint to rerun with `--debug`, for any
+    other error. `--debug` raises instead."""
+    from .commands_select import InputError, run_select
+
+    try:
+        try:
+            config = config_from_args(args)
+        except (ValueError, TypeError) as error:  # a bad option value
+            raise InputError(str(error)) from error
+        run_select(args, config)
+    except Exception as error:
+        if args.debug:
+            raise
+        if isinstance(error, InputError):
+            message = str(error)
+        else:  # not one of the checks: its first line, and how to see where it came from
+            first = (str(error).strip().splitlines() or [""])[0]
+            message = f"{type(error).__name__}: {first} (rerun with --debug for the traceback)"
+        print(f"hf-cluster-select select: error: {message}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -202,6 +225,62 @@ def _token_lines(report: dict) -> list[str]:
                      f"({report['input_tokens_kept'] / report['input_tokens_total']:.1%}): what "
                      f"budget_unit='tokens' counts")
     return lines
+
+
+def _cache_parser(commands: Any) -> None:
+    """The `cache list` and `cache clear` subcommands."""
+    cache = commands.add_parser("cache", help="list or clear the feature cache (features of earlier runs)")
+    actions = cache.add_subparsers(dest="cache_command", required=True)
+    for name, text in (("list", "one line per entry: key, size, created, examples x dim, model and data digests"),
+                       ("clear", "remove every entry, or the one KEY")):
+        action = actions.add_parser(name, help=text)
+        action.add_argument("--dir", help="the cache folder (default: $HF_CLUSTER_SELECT_CACHE, else "
+                                          "~/.cache/hf_cluster_select/features)")
+        if name == "clear":
+            action.add_argument("key", nargs="?", help="an entry's key, or a prefix only it starts with")
+
+
+def run_cache(args: argparse.Namespace) -> int:
+    """`cache list` / `cache clear`: 0, or 2 after one line `hf-cluster-select cache ...: error: ...` on stderr."""
+    from .feature_cache import FeatureCache
+
+    cache = FeatureCache(args.dir)
+    try:
+        if args.dir is not None and not os.path.isdir(args.dir):
+            raise ValueError(f"`--dir` {args.dir!r} is not a folder.")
+        if args.cache_command == "list":
+            entries = cache.entries()
+            for entry in entries:
+                print(format_cache_entry(entry))
+            if not entries:
+                print(f"no feature-cache entries in {cache.directory}", file=sys.stderr)
+        else:
+            removed = cache.clear(args.key)
+            for key in removed:
+                print(f"removed {key}")
+            if not removed:
+                print(f"no feature-cache entries in {cache.directory}", file=sys.stderr)
+    except (ValueError, OSError) as error:
+        print(f"hf-cluster-select cache {args.cache_command}: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def format_cache_entry(entry: dict) -> str:
+    """One line of `cache list`: key, size, creation time, examples x dimensions, model and data digests."""
+    import time
+
+    size, unit = float(entry["size_bytes"]), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            break
+        size /= 1024
+    size = f"{size:.0f} B" if unit == "B" else f"{size:.1f} {unit}"
+    created = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry["created"])) if entry["created"] else "?"
+    if entry["problem"]:
+        return f"{entry['key']}  {size:>10}  {created}  {entry['problem']}"
+    return (f"{entry['key']}  {size:>10}  {created}  {entry['n_examples']} x {entry['dim']}  "
+            f"model {entry['model']}  data {entry['data']}")
 
 
 if __name__ == "__main__":

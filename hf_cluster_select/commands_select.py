@@ -8,9 +8,11 @@ clusters, selects, and writes the outputs described in `commands.py`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -18,41 +20,125 @@ import numpy as np
 from .config import ClusterSelectConfig
 from .loss_tokens import IGNORE_INDEX
 
+DATA_KINDS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.json",
+                   "vocab.txt")  # one of them: a folder with a tokenizer
+
+
+class InputError(ValueError):
+    """A bad `select` input (option, data, model or output folder), found and named before any feature work."""
+
+
+def _cause(error: BaseException) -> str:
+    """The innermost cause of `error` (libraries wrap theirs) as `Type: first line`, at most 200 characters."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    text = (str(error).strip().splitlines() or [""])[0]
+    return f"{type(error).__name__}: {text}"[:200] if text else type(error).__name__
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """The checks `select` makes before it reads a row or loads a model: `--max-length` and `--batch-size` >= 1, a
+    `--model` folder with `config.json` and tokenizer files, and an `--output` folder that is not a file nor an input,
+    is empty unless `--overwrite`, and can be written (it is created here, and a temporary file in it).
+
+    Raises:
+        InputError: naming the option and what is wrong with it.
+    """
+    for name in ("max_length", "batch_size"):
+        value = getattr(args, name)
+        if value < 1:
+            raise InputError(f"`--{name.replace('_', '-')}` must be >= 1, got {value}.")
+    if not os.path.isdir(args.model):
+        raise InputError(f"`--model` must be a model folder, got {args.model!r}.")
+    if not os.path.isfile(os.path.join(args.model, "config.json")):
+        raise InputError(f"`--model` {args.model!r} has no config.json: save the model there with "
+                         f"`model.save_pretrained(folder)`.")
+    if not any(os.path.isfile(os.path.join(args.model, name)) for name in TOKENIZER_FILES):
+        raise InputError(f"`--model` {args.model!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save it "
+                         f"there with `tokenizer.save_pretrained(folder)`.")
+    output = args.output
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise InputError(f"`--output` {output!r} is a file, not a folder.")
+    if os.path.realpath(output) in (os.path.realpath(args.model), os.path.realpath(args.dataset)):
+        raise InputError(f"`--output` {output!r} is an input of the command: choose another folder.")
+    try:
+        if os.path.isdir(output) and os.listdir(output) and not getattr(args, "overwrite", False):
+            raise InputError(f"`--output` {output!r} is not empty: pass `--overwrite` to write into it (files of the "
+                             f"same name are replaced) or choose a new folder.")
+        os.makedirs(output, exist_ok=True)
+        with tempfile.TemporaryFile(dir=output):
+            pass
+    except OSError as error:
+        raise InputError(f"`--output` {output!r} cannot be written ({_cause(error)}).") from None
+
+
+@contextlib.contextmanager
+def _quiet_datasets():
+    """No `datasets` log lines nor progress bars while a data file loads: a failure is reported once, by `select`."""
+    import datasets
+
+    verbosity, bars = datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL + 1)
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        datasets.logging.set_verbosity(verbosity)
+        if bars:
+            datasets.enable_progress_bars()
+
 
 def load_rows(path: str, split: str):
     """A `datasets.Dataset` from a data file (.json/.jsonl/.csv/.parquet) or a `save_to_disk` folder.
 
     Raises:
-        ValueError: if the path does not exist, has another extension, or `split` is not in a dataset dict.
+        InputError: if the path does not exist, has another extension, is empty, cannot be read (not a `save_to_disk`
+            folder, corrupt JSON, CSV or Parquet), holds no rows, or has no split `split` (a data file and a
+            `Dataset` folder have the one split "train").
     """
     import datasets
 
-    if os.path.isdir(path):
-        loaded = datasets.load_from_disk(path)
-        if isinstance(loaded, datasets.DatasetDict):
-            if split not in loaded:
-                raise ValueError(f"`--split {split}` is not in {path!r} (splits: {sorted(loaded)}).")
-            loaded = loaded[split]
-        return loaded
-    kinds = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
-    kind = kinds.get(os.path.splitext(path)[1].lower())
+    kind = DATA_KINDS.get(os.path.splitext(path)[1].lower())
     if not os.path.exists(path):
-        raise ValueError(f"`--dataset` {path!r} does not exist.")
-    if not os.path.isfile(path) or kind is None:
-        raise ValueError(f"`--dataset` must be a {sorted(kinds)} file or a save_to_disk folder, got {path!r}.")
-    return datasets.load_dataset(kind, data_files=path, split="train")
+        raise InputError(f"`--dataset` {path!r} does not exist.")
+    if not os.path.isdir(path) and (not os.path.isfile(path) or kind is None):
+        raise InputError(f"`--dataset` must be a {sorted(DATA_KINDS)} file or a save_to_disk folder, got {path!r}.")
+    if os.path.isfile(path) and os.path.getsize(path) == 0:
+        raise InputError(f"`--dataset` {path!r} is an empty file.")
+    try:
+        with _quiet_datasets():
+            if os.path.isdir(path):
+                loaded = datasets.load_from_disk(path)
+            else:
+                loaded = datasets.load_dataset(kind, data_files=path, split="train")
+    except Exception as error:  # the library's own errors, wrapped differently per format: its innermost cause
+        if "corresponds to no data" in str(error):  # datasets' words for a file without rows
+            raise InputError(f"`--dataset` {path!r} holds no rows.") from error
+        what = "a folder saved with `datasets.save_to_disk`" if os.path.isdir(path) else f"{kind} data"
+        raise InputError(f"`--dataset` {path!r} cannot be read as {what} ({_cause(error)}).") from error
+    if isinstance(loaded, datasets.DatasetDict):
+        if split not in loaded:
+            raise InputError(f"`--split {split}` is not in {path!r} (splits: {sorted(loaded)}).")
+        loaded = loaded[split]
+    elif split != "train":
+        raise InputError(f"`--split {split}` is not in {path!r}: it has the one split 'train' (`--split` chooses "
+                         f"a split of a DatasetDict folder).")
+    if len(loaded) == 0:
+        raise InputError(f"`--dataset` {path!r} holds no rows" + (f" in split {split!r}." if split != "train" else "."))
+    return loaded
 
 
 def _strata(rows, column: str | None) -> list | None:
     """The `--stratify-column` value of every row (`None` without one).
 
     Raises:
-        ValueError: if the dataset has no such column.
+        InputError: if the dataset has no such column.
     """
     if column is None:
         return None
     if column not in rows.column_names:
-        raise ValueError(f"`--stratify-column` {column!r} is not a column of the dataset (columns: "
+        raise InputError(f"`--stratify-column` {column!r} is not a column of the dataset (columns: "
                          f"{rows.column_names}).")
     return list(rows[column])
 
@@ -61,17 +147,17 @@ def tokenize(rows, tokenizer, args: argparse.Namespace) -> tuple[list[dict], lis
     """Tokenized examples (`input_ids`, `attention_mask`, `labels`, -100 where no loss) and a text per example.
 
     Raises:
-        ValueError: unless exactly one of --text-column, --prompt-column + --completion-column, --messages-column
+        InputError: unless exactly one of --text-column, --prompt-column + --completion-column, --messages-column
             is given and names a column of the dataset.
     """
     modes = [m for m in ("text", "prompt", "messages") if getattr(args, f"{m}_column")]
     if len(modes) != 1 or (args.prompt_column is None) != (args.completion_column is None):
-        raise ValueError("give exactly one of --text-column, --prompt-column with --completion-column, or "
+        raise InputError("give exactly one of --text-column, --prompt-column with --completion-column, or "
                          "--messages-column.")
     wanted = [c for c in (args.text_column, args.prompt_column, args.completion_column, args.messages_column) if c]
     missing = [c for c in wanted if c not in rows.column_names]
     if missing:
-        raise ValueError(f"column(s) {missing} not in the dataset (columns: {rows.column_names}).")
+        raise InputError(f"column(s) {missing} not in the dataset (columns: {rows.column_names}).")
     examples, texts = [], []
     for row in rows:
         if args.text_column:
@@ -109,7 +195,12 @@ def inspection(result, weights, kept, lengths, losses, texts, examples: int = 3)
 
 
 def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[str, Any]:
-    """The `select` command: returns the summary it prints (also tested directly)."""
+    """The `select` command: returns the summary it prints (also tested directly).
+
+    Raises:
+        InputError: for a bad option, data file, model or output folder (`check_inputs`, `load_rows`, `tokenize`),
+            before the model loads.
+    """
     import datasets
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -124,12 +215,14 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
     from .reporting.report import SelectionReport
     from .run import resolve_run_facts
 
-    if not os.path.isdir(args.model):
-        raise ValueError(f"`--model` must be a model folder, got {args.model!r}.")
+    check_inputs(args)
     rows = load_rows(args.dataset, args.split)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    examples, texts = tokenize(rows, tokenizer, args)  # bad columns fail before the model loads
     strata = _strata(rows, config.stratify_column)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+    except Exception as error:  # e.g. a tokenizer.model that needs sentencepiece
+        raise InputError(f"`--model` {args.model!r}: its tokenizer does not load ({_cause(error)}).") from error
+    examples, texts = tokenize(rows, tokenizer, args)  # bad columns fail before the model loads
     print(f"[1/4] data: {len(examples)} examples from {args.dataset}", flush=True)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     if torch.cuda.is_available():
@@ -141,7 +234,7 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
     facts = resolve_run_facts(model, config, shift_labels=True, token_digest=digest, strata=strata)
     collate = functools.partial(pad_collate, pad_token_id=pad)
     identity = feature_identity(model, config, facts, data_fingerprint=fingerprint, collator=collate,
-                                tokenizer=tokenizer) if config.feature_cache else None
+                                tokenizer=tokenizer, probe=examples) if config.feature_cache else None
     cache, clock = FeatureCache(), PhaseClock()
     print(f"[2/4] features ({facts.feature_used}) → clusters ({config.cluster_method}) → selection "
           f"({config.within_cluster})", flush=True)

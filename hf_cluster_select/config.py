@@ -121,6 +121,8 @@ class ClusterSelectConfig:
         check_bool("feature_cache", self.feature_cache)
         if isinstance(self.selection_seed, bool) or not isinstance(self.selection_seed, int):
             raise TypeError(f"`selection_seed` must be an int, got {self.selection_seed!r}.")
+        if not 0 <= self.selection_seed <= 2**32 - 1:  # the seeds numpy and scikit-learn take
+            raise ValueError(f"`selection_seed` must be in [0, 2**32 - 1], got {self.selection_seed}.")
 
     def _chosen_settings_classes(self) -> dict[str, type]:
         """Stage → settings class of the chosen strategy (`feature="auto"` takes the stage's base class)."""

@@ -2,7 +2,9 @@
 
 A checkpoint folder gets `cluster_selection.npz`: kept indices, per-example weights, the cluster label and raw
 clusterer label of every example, the config and a fingerprint of the training data. The file is written to a
-temporary name and renamed, so it is either complete or absent, never half-written.
+temporary name and renamed, so it is either complete or absent, never half-written. `validate_saved_selection`
+checks its contents (on load, and again against the dataset before a run adopts it): a NaN or negative weight, an
+index out of range or repeated, labels of the wrong length would otherwise be trained on without a word.
 
 `resolve_resume_checkpoint` picks or checks the checkpoint a run resumes from: transformers writes a checkpoint's
 files in place (`trainer_state.json` last) and our selection after it, so a run killed while saving leaves a
@@ -18,6 +20,7 @@ import logging
 import os
 import re
 import zipfile
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,6 +89,7 @@ class SavedSelection:
         config (`dict`): `ClusterSelectConfig.to_dict()` of the run that selected.
         fingerprint (`str`): `data_fingerprint` of the data it was selected from.
         extra (`dict`): measured figures (seconds, counts) stored with it.
+        path (`str` or `None`): the file it was read from (`None` when built in memory); errors name it.
     """
 
     selection: Selection
@@ -94,6 +98,7 @@ class SavedSelection:
     config: dict
     fingerprint: str
     extra: dict
+    path: str | None = None
 
 
 def save_selection(
@@ -140,35 +145,158 @@ def save_selection(
     return path
 
 
-def load_selection(folder: str) -> SavedSelection | None:
-    """Read `folder/cluster_selection.npz`; `None` when the folder has none.
+_ARRAYS = ("indices", "weights", "kept_labels", "labels", "raw_labels")
+_UNREADABLE = (OSError, EOFError, KeyError, ValueError, TypeError, zipfile.BadZipFile, zlib.error)
+
+
+def _read_selection(path: str) -> SavedSelection:
+    """The raw contents of a selection file, unchecked (a missing array or meta entry is `None`).
 
     Raises:
-        ValueError: if the file exists but is unreadable or inconsistent.
+        ValueError: if the file is not a readable `.npz` archive with a JSON object in `meta` (empty, truncated,
+            another format), in one line.
+    """
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4)
+        if not head:
+            raise ValueError("empty file (0 bytes)")
+        if head[:2] != b"PK":  # every zip archive, hence every .npz, starts so
+            raise ValueError(f"not an .npz (zip) archive; it starts with {head!r}")
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {name: data[name].copy() if name in data.files else None for name in _ARRAYS}
+            meta = json.loads(str(data["meta"])) if "meta" in data.files else {}
+        if not isinstance(meta, dict):
+            raise ValueError(f"`meta` must be a JSON object, found {type(meta).__name__}")
+    except _UNREADABLE as error:
+        reason = " ".join(str(error).split()) or type(error).__name__
+        if isinstance(error, (zipfile.BadZipFile, EOFError, zlib.error)):
+            reason = f"truncated or damaged .npz archive ({reason})"
+        elif isinstance(error, json.JSONDecodeError):
+            reason = f"`meta` is not valid JSON ({reason})"
+        raise ValueError(f"{path} is not a readable selection file: {reason}") from error
+    selection = Selection(indices=arrays["indices"], weights=arrays["weights"], labels=arrays["kept_labels"],
+                          n_total=meta.get("n_total"))
+    return SavedSelection(selection=selection, labels=arrays["labels"], raw_labels=arrays["raw_labels"],
+                          config=meta.get("config"), fingerprint=meta.get("fingerprint"),
+                          extra=meta.get("extra", {}), path=path)
+
+
+def load_selection(folder: str) -> SavedSelection | None:
+    """Read `folder/cluster_selection.npz` and check it (`validate_saved_selection`); `None` when the folder has
+    none.
+
+    Raises:
+        ValueError: if the file exists but is unreadable (empty, truncated, not an `.npz`) or fails a check; one
+            line naming the file (and the field).
     """
     path = os.path.join(folder, SELECTION_FILENAME)
     if not os.path.isfile(path):
         return None
+    saved = _read_selection(path)
+    validate_saved_selection(saved, path)
+    return saved
+
+
+def _first(mask: np.ndarray, what: str, values: np.ndarray | None = None) -> str:
+    """`1 is NaN (position 3)` / `2 are <= 0 (first at position 0: -50.0)` for the `True` entries of `mask`."""
+    positions = np.flatnonzero(mask)
+    value = "" if values is None else f": {values[positions[0]].item()!r}"
+    if positions.size == 1:
+        return f"1 is {what} (position {positions[0]}{value})"
+    return f"{positions.size} are {what} (first at position {positions[0]}{value})"
+
+
+def _array(value, field: str, length: int | None, length_name: str, fail, kind=np.integer) -> np.ndarray:
+    """`value` as a checked 1-D array of `kind` (integers, or `np.floating`) and `length` entries (when given)."""
+    if value is None:
+        fail(field, "is missing")
+    array = np.asarray(value)
+    if array.ndim != 1:
+        fail(field, f"must be a 1-D array; found shape {array.shape}")
+    if not np.issubdtype(array.dtype, kind):
+        fail(field, f"must hold {'integers' if kind is np.integer else 'floats'}; found dtype {array.dtype}")
+    if length is not None and array.size != length:
+        fail(field, f"must hold {length_name} = {length} entries; found {array.size}")
+    return array
+
+
+def validate_saved_selection(saved: SavedSelection, path: str | None = None, n_examples: int | None = None) -> None:
+    """Check a saved selection before anything trains on it: what the file alone can tell, and with `n_examples`
+    that it was made for a dataset of that size.
+
+    Checked: `n_total` an int >= 1; `indices` `[n_kept]` integers, non-empty, in `[0, n_total)`, unique, sorted
+    ascending; `weights` `[n_kept]` floats, finite, > 0, summing to `n_total` within a relative 1e-6 (the weighted
+    kept set stands for the full data); `kept_labels` `[n_kept]` integers >= 0; `labels` and `raw_labels`
+    `[n_total]` integers; `config` a dict that `ClusterSelectConfig.from_dict` accepts; `fingerprint` a non-empty
+    str; `extra` (and its `report`, `model_config`) a dict.
+
+    Args:
+        saved (`SavedSelection`): what `load_selection` read, or one built in memory.
+        path (`str`, *optional*): the file, named in errors (defaults to `saved.path`).
+        n_examples (`int`, *optional*): the size of the training data it is about to be used on.
+    Raises:
+        ValueError: `"<path>: `<field>` must …; found …"`, for the first check that fails.
+    """
+    where = path or saved.path or "the given selection (SavedSelection)"
+
+    def fail(field: str, message: str):
+        raise ValueError(f"{where}: `{field}` {message}.")
+
+    selection = saved.selection
+    n_total = selection.n_total
+    if isinstance(n_total, bool) or not isinstance(n_total, (int, np.integer)) or n_total < 1:
+        fail("n_total", "is missing" if n_total is None else f"must be an int >= 1; found {n_total!r}")
+    n_total = int(n_total)
+    indices = _array(selection.indices, "indices", None, "", fail)
+    n_kept = indices.size
+    if n_kept == 0:
+        fail("indices", "must hold at least one kept example; found none")
+    outside = (indices < 0) | (indices >= n_total)
+    if outside.any():
+        fail("indices", f"must be in [0, n_total = {n_total}); {_first(outside, 'outside', indices)}")
+    steps = np.diff(indices)
+    if (steps <= 0).any():
+        _, first = np.unique(indices, return_index=True)
+        repeated = np.ones(n_kept, dtype=bool)
+        repeated[first] = False
+        if repeated.any():
+            fail("indices", f"must be unique; {_first(repeated, 'a repeat', indices)}")
+        fail("indices", f"must be sorted ascending; {_first(np.r_[False, steps < 0], 'below the one before', indices)}")
+    weights = _array(selection.weights, "weights", n_kept, "n_kept", fail, kind=np.floating)
+    nan, inf = np.isnan(weights), np.isinf(weights)
+    not_positive = ~nan & ~inf & (weights <= 0)
+    if (nan | inf | not_positive).any():
+        found = [_first(mask, what, None if what == "NaN" else weights)
+                 for mask, what in ((nan, "NaN"), (inf, "infinite"), (not_positive, "<= 0")) if mask.any()]
+        fail("weights", "must be finite and > 0; " + ", ".join(found))
+    total = float(weights.sum())
+    if abs(total - n_total) > 1e-6 * n_total:
+        fail("weights", f"must sum to n_total = {n_total} (the examples the kept set stands for) within a relative "
+                        f"1e-6; found {total:.9g}")
+    kept_labels = _array(selection.labels, "kept_labels", n_kept, "n_kept", fail)
+    if (kept_labels < 0).any():
+        fail("kept_labels", f"must be clusters >= 0; {_first(kept_labels < 0, 'negative', kept_labels)}")
+    _array(saved.labels, "labels", n_total, "n_total", fail)
+    _array(saved.raw_labels, "raw_labels", n_total, "n_total", fail)
+    if not isinstance(saved.config, dict):
+        fail("config", "is missing" if saved.config is None else
+             f"must be a dict (ClusterSelectConfig.to_dict()); found {type(saved.config).__name__}")
     try:
-        with np.load(path, allow_pickle=False) as data:
-            meta = json.loads(str(data["meta"]))
-            selection = Selection(
-                indices=data["indices"].copy(),
-                weights=data["weights"].copy(),
-                labels=data["kept_labels"].copy(),
-                n_total=int(meta["n_total"]),
-            )
-            labels, raw_labels = data["labels"].copy(), data["raw_labels"].copy()
-    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as error:
-        raise ValueError(f"{path} is not a readable selection file: {error}") from error
-    return SavedSelection(
-        selection=selection,
-        labels=labels,
-        raw_labels=raw_labels,
-        config=meta["config"],
-        fingerprint=meta["fingerprint"],
-        extra=meta.get("extra", {}),
-    )
+        ClusterSelectConfig.from_dict(saved.config)
+    except (ValueError, TypeError) as error:
+        fail("config", f"must be a valid ClusterSelectConfig; {' '.join(str(error).split()).rstrip('.')}")
+    if not isinstance(saved.fingerprint, str) or not saved.fingerprint:
+        fail("fingerprint", "is missing" if saved.fingerprint is None else
+             f"must be a non-empty str; found {saved.fingerprint!r}")
+    if not isinstance(saved.extra, dict):
+        fail("extra", f"must be a dict; found {type(saved.extra).__name__}")
+    for key in ("report", "model_config"):
+        if saved.extra.get(key) is not None and not isinstance(saved.extra[key], dict):
+            fail(f"extra.{key}", f"must be a dict; found {type(saved.extra[key]).__name__}")
+    if n_examples is not None and n_total != n_examples:
+        fail("n_total", f"is {n_total}, but the training data has {n_examples} examples: the selection was made on "
+                        "other training data")
 
 
 def checkpoint_problems(folder: str, warmup_steps: int) -> list[str]:
@@ -176,7 +304,7 @@ def checkpoint_problems(folder: str, warmup_steps: int) -> list[str]:
 
     Complete means: `trainer_state.json` readable (transformers writes it after the weights, optimizer, scheduler
     and RNG state), model weights present, and, for a checkpoint saved after selection (`global_step > warmup_steps`), a readable
-    `cluster_selection.npz`.
+    `cluster_selection.npz` (its contents are checked when the run loads it: `validate_saved_selection`).
 
     Args:
         folder (`str`): a `checkpoint-<step>` folder.
@@ -203,13 +331,14 @@ def checkpoint_problems(folder: str, warmup_steps: int) -> list[str]:
         return ["no model weights (*.safetensors, *.bin or a DeepSpeed/FSDP folder)"]
     if global_step <= warmup_steps:
         return []
-    try:
-        saved = load_selection(folder)
-    except ValueError as error:
-        return [str(error)]
-    if saved is None:
+    path = os.path.join(folder, SELECTION_FILENAME)
+    if not os.path.isfile(path):
         return [f"no {SELECTION_FILENAME} although it was saved after selection (step {global_step} > "
                 f"warmup_steps {warmup_steps})"]
+    try:  # readable is complete; its contents are checked, and refused by name, when the run loads it
+        _read_selection(path)
+    except ValueError as error:
+        return [str(error)]
     return []
 
 

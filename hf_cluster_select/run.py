@@ -29,7 +29,7 @@ from .clock import PhaseClock
 from .config import ClusterSelectConfig
 from .feature_cache import FeatureCache, feature_identity
 from .features.choice import describe_feature, feature_used
-from .persistence import SavedSelection, config_differences, data_fingerprint, save_selection
+from .persistence import SavedSelection, config_differences, data_fingerprint, save_selection, validate_saved_selection
 from .pipeline import select_with_model
 from .reporting.report import SelectionReport
 from .schedule import StepPlan, plan_steps, resolve_warmup_steps
@@ -219,7 +219,7 @@ class SelectionRun:
         identity = cache = None
         if self.config.feature_cache and self.config.data_fraction < 1.0:
             identity = feature_identity(model, self.config, self.facts, data_fingerprint=self.fingerprint,
-                                        collator=collator, tokenizer=tokenizer)
+                                        collator=collator, tokenizer=tokenizer, probe=dataset)
             cache = FeatureCache()
         outcome = select_with_model(
             model, dataset, collator, config=self.config, facts=self.facts, lengths=self.lengths, clock=self.clock,
@@ -305,10 +305,14 @@ class SelectionRun:
         warm-up, and passes `check_model=False`: a selection made with one model may train another).
 
         Raises:
-            ValueError: if it was made on different training data (fingerprint of the tokens and lengths), with
-                a `ClusterSelectConfig` that selects differently, or (`check_model`) for a model of another class or
-                config (`feature_cache.model_config_dict`) — the fields that differ are named.
+            ValueError: first, if its contents fail `persistence.validate_saved_selection` for this run's
+                `n_examples` (non-finite or non-positive weights, indices out of range, repeated or unsorted, labels
+                of the wrong length, …: the file and field are named); then if it was made on different training
+                data (fingerprint of the tokens and lengths), with a `ClusterSelectConfig` that selects differently,
+                or (`check_model`) for a model of another class or config (`feature_cache.model_config_dict`) — the
+                fields that differ are named.
         """
+        validate_saved_selection(saved, n_examples=self.plan.n_examples)  # before anything is compared or adopted
         if saved.fingerprint != self.fingerprint:
             raise ValueError(
                 "the selection saved in the checkpoint was made on different training data (fingerprint mismatch); "

@@ -102,9 +102,9 @@ def test_bad_columns_paths_and_values_are_one_line_errors(tmp_path, model_folder
     assert "no.jsonl' does not exist" in capsys.readouterr().err
     for option, value, expected in (("--data-fraction", "abc", "data_fraction"), ("--feature-cache", "maybe",
                                     "`--feature-cache` must be true or false")):
-        with pytest.raises(SystemExit) as stop:  # argparse's usage line and message, exit status 2
-            main(base + ["--text-column", "a", option, value])
-        assert stop.value.code == 2 and expected in capsys.readouterr().err
+        assert main(base + ["--text-column", "a", option, value]) == 2  # the config's message, one line
+        err = capsys.readouterr().err
+        assert err.startswith("hf-cluster-select select: error:") and expected in err and err.count("\n") == 1
     with pytest.raises(ValueError, match="holds no selection_report.json"):
         format_report(str(tmp_path))
     assert main(["report", str(tmp_path)]) == 2  # the command: one line, no traceback
@@ -167,3 +167,134 @@ def test_report_into_a_closed_pipe_ends_quietly(tmp_path):
     completed = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120, check=False)
     assert completed.stdout.startswith("kept 1 of 2 examples (50.0%)")
     assert "Traceback" not in completed.stderr and "BrokenPipeError" not in completed.stderr
+
+
+def _bad_inputs(tmp: "os.PathLike", model_folder: str, data_file: str) -> dict[str, tuple[list[str], str]]:
+    """Case → (the options that differ from a good `select` call, a part of its one-line error)."""
+    import datasets
+
+    tmp = str(tmp)
+
+    def write(name: str, text: str) -> str:
+        with open(os.path.join(tmp, name), "w") as handle:
+            handle.write(text)
+        return os.path.join(tmp, name)
+
+    def folder(name: str, **files: str) -> str:
+        os.makedirs(os.path.join(tmp, name))
+        for file, text in files.items():
+            write(os.path.join(name, file), text)
+        return os.path.join(tmp, name)
+
+    config_json = open(os.path.join(model_folder, "config.json")).read()
+    datasets.DatasetDict({"validation": datasets.Dataset.from_dict({"q": ["a"], "a": ["b"]})}).save_to_disk(
+        os.path.join(tmp, "dict"))
+    return {
+        "dataset missing": (["--dataset", os.path.join(tmp, "no.jsonl")], "no.jsonl' does not exist"),
+        "folder not a dataset": (["--dataset", folder("notes", **{"a.txt": "x"})],
+                                 "cannot be read as a folder saved with `datasets.save_to_disk` (FileNotFoundError"),
+        "unknown extension": (["--dataset", write("data.txt", "q a")], "must be a ['.csv', '.json', '.jsonl'"),
+        "empty file": (["--dataset", write("empty.jsonl", "")], "empty.jsonl' is an empty file"),
+        "corrupt jsonl": (["--dataset", write("bad.jsonl", '{"q": "a", "a": "b"}\n{"q": \n')],
+                          "bad.jsonl' cannot be read as json data (ArrowInvalid"),
+        "corrupt json": (["--dataset", write("bad.json", '[{"q": "a"')], "bad.json' cannot be read as json data"),
+        "unreadable csv": (["--dataset", write("bad.csv", '"q,a\n1,"2\n"')], "bad.csv' cannot be read as csv data"),
+        "unreadable parquet": (["--dataset", write("bad.parquet", "not parquet")],
+                               "bad.parquet' cannot be read as parquet data (ArrowInvalid"),
+        "zero rows": (["--dataset", write("header.csv", "q,a\n")], "header.csv' holds no rows"),
+        "split missing": (["--dataset", os.path.join(tmp, "dict")], "`--split train` is not in"),
+        "split of a file": (["--split", "test"], "`--split test` is not in"),
+        "model not a folder": (["--model", data_file], "`--model` must be a model folder"),
+        "model without config.json": (["--model", folder("empty_model")], "has no config.json"),
+        "model without tokenizer": (["--model", folder("no_tokenizer", **{"config.json": config_json})],
+                                    "has no tokenizer (none of tokenizer.json"),
+        "tokenizer that does not load": (["--model", folder("bad_tokenizer", **{"config.json": config_json,
+                                                                                "tokenizer.json": "{"})],
+                                         "its tokenizer does not load"),
+        "output a file": (["--output", write("out.txt", "")], "out.txt' is a file, not a folder"),
+        "output not writable": (["--output", os.path.join(write("blocker", ""), "sel")], "cannot be written ("),
+        "output not empty": (["--output", folder("used", **{"README.md": "mine"})],
+                             "is not empty: pass `--overwrite`"),
+        "output is the model": (["--output", model_folder, "--overwrite"], "is an input of the command"),
+        "max length 0": (["--max-length", "0"], "`--max-length` must be >= 1, got 0"),
+        "batch size 0": (["--batch-size", "0"], "`--batch-size` must be >= 1, got 0"),
+        "seed below 0": (["--selection-seed", "-1"], "`selection_seed` must be in [0, 2**32 - 1], got -1"),
+        "stratify column missing": (["--stratify-column", "topic"], "`--stratify-column` 'topic' is not a column"),
+        "loss column missing": (["--prompt-column", "question"], "column(s) ['question'] not in the dataset"),
+    }
+
+
+BAD_CASES = ["dataset missing", "folder not a dataset", "unknown extension", "empty file", "corrupt jsonl",
+             "corrupt json", "unreadable csv", "unreadable parquet", "zero rows", "split missing", "split of a file",
+             "model not a folder", "model without config.json", "model without tokenizer",
+             "tokenizer that does not load", "output a file", "output not writable", "output not empty",
+             "output is the model", "max length 0", "batch size 0", "seed below 0", "stratify column missing",
+             "loss column missing"]
+
+
+@pytest.mark.parametrize("case", BAD_CASES)
+def test_a_bad_input_is_one_line_and_exit_2_before_the_model_loads(case, tmp_path, model_folder, data_file,
+                                                                    monkeypatch, capsys):
+    import transformers
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_model)
+    changes, expected = _bad_inputs(tmp_path, model_folder, data_file)[case]
+    capsys.readouterr()  # what building the inputs printed
+    options = {"--model": model_folder, "--dataset": data_file, "--prompt-column": "q", "--completion-column": "a",
+               "--output": str(tmp_path / "sel")}
+    flags = [c for c in changes if c == "--overwrite"]
+    changes = [c for c in changes if c != "--overwrite"]
+    options.update(zip(changes[::2], changes[1::2]))
+    argv = ["select", *[part for pair in options.items() for part in pair], *flags]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hf-cluster-select select: error: ") and err.count("\n") == 1, err
+    assert expected in err and "--debug" not in err, err
+
+
+def test_config_refuses_a_seed_numpy_and_scikit_learn_cannot_take():
+    assert ClusterSelectConfig(selection_seed=2**32 - 1).selection_seed == 2**32 - 1
+    for seed in (-1, 2**32):
+        with pytest.raises(ValueError, match=rf"`selection_seed` must be in \[0, 2\*\*32 - 1\], got {seed}"):
+            ClusterSelectConfig(selection_seed=seed)
+
+
+def test_stratify_column_keeps_shares_and_overwrite_writes_into_a_used_folder(tmp_path, model_folder, data_file):
+    import datasets
+
+    rows = [dict(json.loads(line), group="rare" if i < 12 else "common") for i, line in enumerate(open(data_file))]
+    path = tmp_path / "grouped.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "sel"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert main(["select", "--model", model_folder, "--dataset", str(path), "--prompt-column", "q",
+                 "--completion-column", "a", "--data-fraction", "0.25", "--stratify-column", "group",
+                 "--output", str(out), "--overwrite"]) == 0
+    saved = np.load(out / "cluster_selection.npz", allow_pickle=False)
+    kept = [rows[i]["group"] for i in saved["indices"]]
+    assert kept.count("rare") == 3 and kept.count("common") == 7  # 12 and 28 rows, a quarter of each
+    assert json.loads(str(saved["meta"]))["config"]["stratify_column"] == "group"
+    table = datasets.load_from_disk(str(out / "dataset"))
+    assert np.flatnonzero(table["kept"]).tolist() == sorted(saved["indices"].tolist())
+    assert (out / "notes.txt").read_text() == "mine"  # --overwrite: written into, nothing else removed
+
+
+def test_an_unexpected_error_is_one_line_with_a_debug_hint(tmp_path, model_folder, data_file, monkeypatch, capsys):
+    from hf_cluster_select import pipeline
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("something broke\nsecond line")
+
+    monkeypatch.setattr(pipeline, "select_with_model", broken)
+    argv = ["select", "--model", model_folder, "--dataset", data_file, "--prompt-column", "q", "--completion-column",
+            "a", "--output", str(tmp_path / "sel")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err  # after the model's loading bar: the one line
+    assert err.endswith("\nhf-cluster-select select: error: RuntimeError: something broke (rerun with --debug for the "
+                        "traceback)\n")
+    with pytest.raises(RuntimeError, match="something broke"):
+        main(argv + ["--debug"])

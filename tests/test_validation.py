@@ -446,8 +446,8 @@ def test_checkpoint_problems(tmp_path):
     corrupt = _checkpoint(tmp_path, 12)
     with open(os.path.join(corrupt, SELECTION_FILENAME), "wb") as handle:
         handle.write(b"PK\x03\x04 truncated")
-    assert checkpoint_problems(corrupt, warmup_steps=3)[0].endswith("is not a readable selection file: "
-                                                                     "File is not a zip file")
+    assert checkpoint_problems(corrupt, warmup_steps=3)[0].endswith(
+        "is not a readable selection file: truncated or damaged .npz archive (File is not a zip file)")
 
 
 def test_resume_picks_the_newest_complete_checkpoint(tmp_path, caplog):

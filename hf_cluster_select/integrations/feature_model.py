@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from ..persistence import SELECTION_FILENAME, SavedSelection, load_selection
+from ..persistence import SELECTION_FILENAME, SavedSelection, load_selection, validate_saved_selection
 
 
 def _head_kind(model: torch.nn.Module) -> str:
@@ -74,14 +74,19 @@ def load_feature_model(feature_model: torch.nn.Module | str | None,
 
 
 def load_given_selection(selection) -> SavedSelection | None:
-    """`ClusterTrainer(selection=...)` loaded: a `SavedSelection` as is, or a folder holding `cluster_selection.npz`
-    (a run's `output_dir` or checkpoint), or that file's path; `None` as `None`.
+    """`ClusterTrainer(selection=...)` loaded and checked (`persistence.validate_saved_selection`): a
+    `SavedSelection`, or a folder holding `cluster_selection.npz` (a run's `output_dir` or checkpoint), or that
+    file's path; `None` as `None`. `SelectionRun.check_saved` checks it again against the dataset in `train()`.
 
     Raises:
         TypeError: for another type.
-        ValueError: if the path holds no selection file or an unreadable one.
+        ValueError: if the path holds no selection file or an unreadable one, or its contents fail a check (the
+            file and field are named).
     """
-    if selection is None or isinstance(selection, SavedSelection):
+    if selection is None:
+        return None
+    if isinstance(selection, SavedSelection):
+        validate_saved_selection(selection)
         return selection
     if not isinstance(selection, (str, os.PathLike)):
         raise TypeError("`selection` must be a folder or file saved by ClusterTrainer (cluster_selection.npz), a "
