@@ -185,13 +185,15 @@ def _run_select_command(args: argparse.Namespace) -> int:
 
 
 def format_report(folder: str, examples: int = 3) -> str:
-    """The summary and per-cluster Markdown table of a `select` output folder.
+    """The summary and per-cluster Markdown table of a `select` output folder (or of its `selection_report.json`).
 
     Raises:
         ValueError: if the folder holds no `selection_report.json`.
     """
     from .reporting.outputs import REPORT_FILENAME
 
+    if os.path.basename(os.path.normpath(folder)) == REPORT_FILENAME and os.path.isfile(folder):
+        folder = os.path.dirname(os.path.abspath(folder))  # the report file itself: its folder
     path = os.path.join(folder, REPORT_FILENAME)
     if not os.path.isfile(path):
         raise ValueError(f"{folder!r} holds no {REPORT_FILENAME}: run `hf-cluster-select select` first.")

@@ -126,25 +126,12 @@ class ClusterSelectConfig:
 
     def _chosen_settings_classes(self) -> dict[str, type]:
         """Stage → settings class of the chosen strategy (`feature="auto"` takes the stage's base class)."""
-        classes = {}
-        for stage, table in registry.STAGES.items():
-            name = getattr(self, stage)
-            classes[stage] = table.base_settings if name == AUTO_FEATURE else table.settings_class(name)
-        return classes
+        return _settings_classes({stage: getattr(self, stage) for stage in registry.STAGES})
 
     def _canonical_strategy_kwargs(self) -> dict[str, Any]:
         """`strategy_kwargs` as a dict holding only settings that differ from their defaults, every key checked
         against the chosen strategies' settings classes (building them validates the values)."""
-        given = self.strategy_kwargs
-        if given is None:
-            given = {}
-        elif isinstance(given, str):
-            try:
-                given = json.loads(given) if given.strip() else {}
-            except json.JSONDecodeError as error:
-                raise ValueError(f"`strategy_kwargs` must be a JSON object, got {given!r} ({error.msg}).") from None
-        if not isinstance(given, dict) or not all(isinstance(k, str) for k in given):
-            raise TypeError(f"`strategy_kwargs` must be a dict of setting names to values, got {given!r}.")
+        given = _kwargs_dict(self.strategy_kwargs)
         classes = self._chosen_settings_classes()
         known = {name for cls in classes.values() for name in setting_names(cls)}
         unknown = sorted(set(given) - known)
@@ -224,7 +211,7 @@ class ClusterSelectConfig:
                                       within_cluster="peripheral", allocation="paper", kmeans_size_cap=1.5,
                                       pca_dim=None, quota="uniform", balance_tokens=False)
         extra = overrides.pop("strategy_kwargs", None)
-        values.update(json.loads(extra) if isinstance(extra, str) else (extra or {}))
+        values.update(_kwargs_dict(extra))
         values.update(overrides)
         return cls.from_flat(values)
 
@@ -259,9 +246,10 @@ class ClusterSelectConfig:
         """
         names = {f.name for f in dataclasses.fields(cls)}
         fields = {k: v for k, v in values.items() if k in names}
-        settings = dict(fields.pop("strategy_kwargs", None) or {})
+        settings = _kwargs_dict(fields.pop("strategy_kwargs", None))
         settings.update({k: v for k, v in values.items() if k not in names})
-        chosen = cls(**{k: v for k, v in fields.items()})._chosen_settings_classes().values()
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        chosen = _settings_classes({stage: fields.get(stage, defaults[stage]) for stage in registry.STAGES}).values()
         takes = {name for settings_class in chosen for name in setting_names(settings_class)}
         defaults = {f.name: f.default for stage in registry.STAGES.values() for s in stage.names()
                     for f in dataclasses.fields(stage.settings_class(s))}
@@ -276,6 +264,33 @@ class ClusterSelectConfig:
     def from_json(cls, text: str) -> "ClusterSelectConfig":
         """Inverse of `to_json`."""
         return cls.from_dict(json.loads(text))
+
+
+def _kwargs_dict(given: Any) -> dict[str, Any]:
+    """`strategy_kwargs` as a new dict: `None` → `{}`, JSON text parsed.
+
+    Raises:
+        ValueError: for text that is not a JSON object. TypeError: for anything else that is not a dict of names.
+    """
+    if given is None:
+        return {}
+    if isinstance(given, str):
+        try:
+            given = json.loads(given) if given.strip() else {}
+        except json.JSONDecodeError as error:
+            raise ValueError(f"`strategy_kwargs` must be a JSON object, got {given!r} ({error.msg}).") from None
+    if not isinstance(given, dict) or not all(isinstance(k, str) for k in given):
+        raise TypeError(f"`strategy_kwargs` must be a dict of setting names to values, got {given!r}.")
+    return dict(given)
+
+
+def _settings_classes(chosen: dict[str, Any]) -> dict[str, type]:
+    """Stage → settings class of the strategy named in `chosen` (stage → name; `"auto"` → the stage's base)."""
+    classes = {}
+    for stage, table in registry.STAGES.items():
+        name = chosen[stage]
+        classes[stage] = table.base_settings if name == AUTO_FEATURE else table.settings_class(name)
+    return classes
 
 
 def _owners(names: list[str]) -> dict[str, list[str]]:

@@ -101,3 +101,19 @@ def test_old_field_names_say_where_settings_went():
         ClusterSelectConfig(pca_dim=8)
     with pytest.raises(ValueError, match="strategy settings go in `strategy_kwargs`"):
         ClusterSelectConfig.from_dict({"pca_dim": 8})
+
+
+def test_paper_preset_errors_show_its_own_settings_and_json_text_settings_parse():
+    """`paper(budget_unit="tokens")` names the preset's values (not the defaults a probe config would have), and
+    `from_flat` takes `strategy_kwargs` as JSON text, as the `select` command's `--strategy-kwargs` gives it."""
+    with pytest.raises(ValueError, match="got balance_tokens=False, allocation='paper', quota='uniform'"):
+        ClusterSelectConfig.paper(budget_unit="tokens")
+    flat = ClusterSelectConfig.from_flat({"cluster_method": "hdbscan", "strategy_kwargs": '{"hdbscan_min_samples": 2}',
+                                          "pca_dim": 8})
+    assert flat.strategy_kwargs == {"hdbscan_min_samples": 2, "pca_dim": 8}
+    with pytest.raises(ValueError, match="`strategy_kwargs` must be a JSON object"):
+        ClusterSelectConfig.from_flat({"strategy_kwargs": "{pca_dim: 8}"})
+    with pytest.raises(TypeError, match="`config` must be a ClusterSelectConfig"):
+        from hf_cluster_select.selection import cluster_features
+
+        cluster_features([[0.0, 1.0]], None)

@@ -56,6 +56,7 @@ def test_select_writes_dataset_report_and_a_reusable_selection(tmp_path, model_f
     for name in ("cluster_selection.npz", "README.md", "cluster_sizes.png"):
         assert os.path.isfile(os.path.join(out, name)), name
     text = format_report(out)
+    assert format_report(os.path.join(out, "selection_report.json")) == text  # the report file itself works too
     assert text.startswith("kept 10 of 40 examples (25.0%)") and text.count("\n| ") == len(clusters) + 1
     assert report["token_kind"] == "loss" and 0 < report["tokens_kept"] < report["tokens_total"]
     assert (f"\nkept {report['tokens_kept']} of {report['tokens_total']} loss-bearing tokens "
@@ -89,6 +90,9 @@ def test_every_config_field_is_an_option_and_none_parses():
     with pytest.raises(ValueError, match="a setting of cluster_method='hdbscan'"):  # not the chosen clusterer's
         config_from_args(parser.parse_args(["select", "--model", "m", "--dataset", "d", "--output", "o",
                                             "--hdbscan-min-samples", "3"]))
+    as_json = config_from_args(parser.parse_args(["select", "--model", "m", "--dataset", "d", "--output", "o",
+                                                  "--strategy-kwargs", '{"pca_dim": 32}', "--kept-per-cluster", "8"]))
+    assert as_json.strategy_kwargs == {"kept_per_cluster": 8, "pca_dim": 32}  # JSON and options together
 
 
 def test_bad_columns_paths_and_values_are_one_line_errors(tmp_path, model_folder, data_file, capsys):

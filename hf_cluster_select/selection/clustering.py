@@ -135,6 +135,8 @@ def cluster_features(
         ImportError: if `cluster_method="hdbscan"` and the `hdbscan` package cannot be imported.
     """
     start = time.perf_counter()
+    if not isinstance(config, ClusterSelectConfig):
+        raise TypeError(f"`config` must be a ClusterSelectConfig, got {type(config).__name__}.")
     if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
         raise ValueError(f"`world_size` must be an int >= 1, got {world_size!r}.")
     x = _as_float_matrix(features)

@@ -339,6 +339,10 @@ def select_subset(result: ClusteringResult, config: ClusterSelectConfig, *, norm
     Raises:
         ValueError: see `select_from_labels`.
     """
+    if not isinstance(result, ClusteringResult):
+        raise TypeError(f"`result` must be a ClusteringResult (cluster_features), got {type(result).__name__}.")
+    if not isinstance(config, ClusterSelectConfig):
+        raise TypeError(f"`config` must be a ClusterSelectConfig, got {type(config).__name__}.")
     return select_from_labels(
         result.labels,
         result.reduced,
