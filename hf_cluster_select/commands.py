@@ -23,21 +23,14 @@ import os
 import sys
 from typing import Any, Sequence
 
-from .config import ClusterSelectConfig
+from .config import ClusterSelectConfig, registered_settings
 
 TEXT_PREVIEW = 120  # characters of each example shown by `report`
 
 
 def _setting_fields() -> dict[str, dataclasses.Field]:
-    """Every setting of every registered strategy (`registry.STAGES`), by name (the first strategy's field)."""
-    from .registry import STAGES
-
-    found: dict[str, dataclasses.Field] = {}
-    for table in STAGES.values():
-        for strategy in table.names():
-            for field in dataclasses.fields(table.settings_class(strategy)):
-                found.setdefault(field.name, field)
-    return found
+    """Every setting of every registered strategy, by name (`config.registered_settings`: the first taker's field)."""
+    return {name: takers[0][2] for name, takers in registered_settings().items()}
 
 
 def _config_options(parser: argparse.ArgumentParser) -> None:

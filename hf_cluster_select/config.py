@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import registry
-from .settings import check_bool, check_choice, setting_names
+from .settings import check_bool, check_choice, check_optional_int, setting_names
 
 AUTO_FEATURE = "auto"  # not a registered signal: resolved per model by features/choice.py
 BUDGET_UNITS = ("examples", "tokens")
@@ -106,9 +106,7 @@ class ClusterSelectConfig:
                 self.selection_warmup_steps = None if text.lower() in ("none", "null", "") else int(text)
             except ValueError:
                 raise ValueError(f"`selection_warmup_steps` must be an int >= 0 or None, got {text!r}.") from None
-        warmup = self.selection_warmup_steps
-        if warmup is not None and (isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0):
-            raise ValueError(f"`selection_warmup_steps` must be an int >= 0 or None, got {warmup!r}.")
+        check_optional_int("selection_warmup_steps", self.selection_warmup_steps, 0)
         if self.feature != AUTO_FEATURE and self.feature not in registry.FEATURES:
             raise ValueError(f"`feature` must be one of {[AUTO_FEATURE] + registry.FEATURES.names()}, "
                              f"got {self.feature!r}.")
@@ -248,11 +246,10 @@ class ClusterSelectConfig:
         fields = {k: v for k, v in values.items() if k in names}
         settings = _kwargs_dict(fields.pop("strategy_kwargs", None))
         settings.update({k: v for k, v in values.items() if k not in names})
-        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-        chosen = _settings_classes({stage: fields.get(stage, defaults[stage]) for stage in registry.STAGES}).values()
-        takes = {name for settings_class in chosen for name in setting_names(settings_class)}
-        defaults = {f.name: f.default for stage in registry.STAGES.values() for s in stage.names()
-                    for f in dataclasses.fields(stage.settings_class(s))}
+        field_defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        chosen = _settings_classes({stage: fields.get(stage, field_defaults[stage]) for stage in registry.STAGES})
+        takes = {name for settings_class in chosen.values() for name in setting_names(settings_class)}
+        defaults = {name: takers[0][2].default for name, takers in registered_settings().items()}
         settings = {k: v for k, v in settings.items() if k in takes or k not in defaults or v != defaults[k]}
         return cls(**fields, strategy_kwargs=settings)
 
@@ -293,14 +290,21 @@ def _settings_classes(chosen: dict[str, Any]) -> dict[str, type]:
     return classes
 
 
-def _owners(names: list[str]) -> dict[str, list[str]]:
-    """Setting name → `stage='strategy'` of every registered strategy that takes it."""
-    found: dict[str, list[str]] = {}
+def registered_settings() -> dict[str, list[tuple[str, str, dataclasses.Field]]]:
+    """Every setting of every registered strategy: name → `(stage, strategy, field)` of each strategy that takes it,
+    in registration order (a setting shared by a stage's strategies, such as `pca_dim`, has one default)."""
+    found: dict[str, list[tuple[str, str, dataclasses.Field]]] = {}
     for stage, table in registry.STAGES.items():
         for strategy in table.names():
-            for name in set(names) & set(setting_names(table.settings_class(strategy))):
-                found.setdefault(name, []).append(f"{stage}={strategy!r}")
+            for field in dataclasses.fields(table.settings_class(strategy)):
+                found.setdefault(field.name, []).append((stage, strategy, field))
     return found
+
+
+def _owners(names: list[str]) -> dict[str, list[str]]:
+    """Setting name → `stage='strategy'` of every registered strategy that takes it."""
+    takers = registered_settings()
+    return {name: [f"{stage}={strategy!r}" for stage, strategy, _ in takers[name]] for name in names if name in takers}
 
 
 def _owners_hint(names: list[str]) -> str:

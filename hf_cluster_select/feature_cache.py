@@ -133,6 +133,7 @@ def feature_identity(model: torch.nn.Module, config: ClusterSelectConfig, facts:
     digests = distributed.gather_objects(local)
     if any(d is None for d in digests):
         return None
+    resolved = config.resolved()
     return {
         "data": data_fingerprint,
         "n_examples": None if probe is None else len(probe),
@@ -141,7 +142,7 @@ def feature_identity(model: torch.nn.Module, config: ClusterSelectConfig, facts:
         "model_config": _sha1(model_config_dict(model)),
         "weights": _sha1(digests),
         "tokenizer": tokenizer_digest(tokenizer),
-        "settings": {name: config.resolved()[name] for name in FEATURE_FIELDS},
+        "settings": {name: resolved[name] for name in FEATURE_FIELDS},
         "resolved_feature": [facts.feature, facts.feature_layers],
         "shift_labels": facts.shift_labels,
         "world_size": len(digests),

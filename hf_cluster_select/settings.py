@@ -25,12 +25,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def check_optional_int(name: str, value: Any, minimum: int) -> None:
-    """Raise `ValueError` unless `value` is None or an int (not a bool) >= `minimum`; the message names `name`."""
-    if value is None:
+def check_int_setting(name: str, value: Any, minimum: int, optional: bool = False) -> None:
+    """Raise `ValueError` unless `value` is an int (not a bool) >= `minimum`, or None when `optional`; the message
+    names `name`."""
+    if optional and value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"`{name}` must be an int >= {minimum} or None, got {value!r}.")
+        raise ValueError(f"`{name}` must be an int >= {minimum}{' or None' if optional else ''}, got {value!r}.")
+
+
+def check_optional_int(name: str, value: Any, minimum: int) -> None:
+    """`check_int_setting` of a setting that may be None."""
+    check_int_setting(name, value, minimum, optional=True)
 
 
 def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -151,6 +157,5 @@ class AllocationSettings:
 
     def __post_init__(self) -> None:
         check_bool("balance_tokens", self.balance_tokens)
-        if isinstance(self.balance_window, bool) or not isinstance(self.balance_window, int) or self.balance_window < 1:
-            raise ValueError(f"`balance_window` must be an int >= 1, got {self.balance_window!r}.")
+        check_int_setting("balance_window", self.balance_window, 1)
 

@@ -13,6 +13,7 @@ import pytest
 
 import hf_cluster_select
 from hf_cluster_select import ClusterSelectConfig
+from hf_cluster_select.config import registered_settings
 from hf_cluster_select.registry import STAGES
 
 # parameter names that stand for a config field or setting under a shorter name
@@ -22,11 +23,10 @@ SKIP_MODULES = ("hf_cluster_select.demo",)  # the demo's own command-line defaul
 
 def config_defaults() -> dict[str, object]:
     defaults = {f.name: f.default for f in dataclasses.fields(ClusterSelectConfig)}
-    for table in STAGES.values():
-        for name in table.names():
-            for f in dataclasses.fields(table.settings_class(name)):
-                assert defaults.get(f.name, f.default) == f.default, f"{f.name} has two defaults across strategies"
-                defaults[f.name] = f.default
+    for name, takers in registered_settings().items():
+        assert len({repr(f.default) for _, _, f in takers}) == 1, f"{name} has two defaults across strategies"
+        assert name not in defaults, f"{name} is a field and a setting"
+        defaults[name] = takers[0][2].default
     return defaults
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from dataclasses import dataclass, field
 
 from ..config import ClusterSelectConfig
-from ..settings import ClusteringSettings, check_optional_int
+from ..settings import ClusteringSettings, check_int_setting, check_optional_int
 from .budget import selection_budget
 from .clusterers import CLUSTERERS, ClusterFit
 from .sampled import nearest_labels, seeded_sample, two_level_kmeans
@@ -64,9 +64,7 @@ class FineKMeansSettings(ClusteringSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.kept_per_cluster, bool) or not isinstance(self.kept_per_cluster, int) \
-                or self.kept_per_cluster < 1:
-            raise ValueError(f"`kept_per_cluster` must be an int >= 1, got {self.kept_per_cluster!r}.")
+        check_int_setting("kept_per_cluster", self.kept_per_cluster, 1)
 
 
 def _capacity_assign(points: np.ndarray, centroids: np.ndarray, capacity: int) -> np.ndarray:
