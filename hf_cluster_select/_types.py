@@ -125,3 +125,32 @@ class RunFacts:
     token_digest: str | None = None
     model_config: dict | None = None
     n_dropped_by_preparation: int | None = None
+
+
+@dataclass(frozen=True)
+class TargetSet:
+    """A target set as the feature pass reads it (built by the trainer or the `select` command, checked there).
+
+    Attributes:
+        dataset (map-style dataset of `dict`): the target examples in the training data's format (the trainer's
+            feature view: tokenized, with `labels`).
+        lengths (`tuple` of `int`, length `n_target`): tokens of every target example.
+        tasks (`np.ndarray` of shape `[n_target]`, int64): target task of every example, `0..n_tasks-1`.
+        task_names (`tuple` of `str`, length `n_tasks`): the tasks' names (values of `target_column`, or the keys
+            of a dict of eval datasets; `("target",)` for one task).
+        source (`str`): where it came from, for the report (`"target_dataset"`, `"eval_dataset"`, a file path).
+        fingerprint (`str`): `persistence.data_fingerprint` of its tokens (the feature-cache identity of its
+            features).
+    """
+
+    dataset: Any
+    lengths: tuple
+    tasks: np.ndarray
+    task_names: tuple
+    source: str
+    fingerprint: str
+
+    @property
+    def n_tasks(self) -> int:
+        """Number of target tasks."""
+        return len(self.task_names)

@@ -38,6 +38,8 @@ def _config_options(parser: argparse.ArgumentParser) -> None:
     registries: a strategy a user registered brings its options), with their help texts and defaults."""
     group = parser.add_argument_group("selection settings (ClusterSelectConfig)")
     for field in dataclasses.fields(ClusterSelectConfig):
+        if field.name in FIELDS_NOT_OPTIONS:
+            continue
         default = field.default if field.default is not dataclasses.MISSING else None
         group.add_argument("--" + field.name.replace("_", "-"), dest="cfg_" + field.name, default=default,
                            metavar=_metavar(field), choices=field.metadata.get("choices"),
@@ -51,6 +53,7 @@ def _config_options(parser: argparse.ArgumentParser) -> None:
 
 
 SUPPRESS_SETTING = object()  # a strategy setting left unset: the strategy's default applies
+FIELDS_NOT_OPTIONS = ("target",)  # `select` has no eval set: its `--target` is a data file (build_parser)
 
 
 def _metavar(field: dataclasses.Field) -> str:
@@ -88,6 +91,8 @@ def config_from_args(args: argparse.Namespace) -> ClusterSelectConfig:
     (`ClusterSelectConfig.from_flat`). Raises ValueError/TypeError from the config."""
     values = {}
     for field in dataclasses.fields(ClusterSelectConfig):
+        if field.name in FIELDS_NOT_OPTIONS:
+            continue
         default = field.default if field.default is not dataclasses.MISSING else None
         values[field.name] = _parse_value(field.name, getattr(args, "cfg_" + field.name), default)
     for name, field in _setting_fields().items():
@@ -110,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     select.add_argument("--prompt-column", help="prompt text (no loss); with --completion-column")
     select.add_argument("--completion-column", help="completion text (loss-bearing)")
     select.add_argument("--messages-column", help="chat messages: loss on the last assistant turn")
+    select.add_argument("--target", help="a data file (or save_to_disk folder) of examples of what the model will be "
+                        "evaluated on, with the same columns as --dataset: the selection keeps the examples that "
+                        "teach them (targeted selection; tasks from --target-column)")
     select.add_argument("--max-length", type=int, default=512, help="tokens kept per example (default: 512)")
     select.add_argument("--batch-size", type=int, default=8, help="examples per feature batch (default: 8)")
     select.add_argument("--output", required=True, help="folder to write (created; it must be empty unless "
@@ -197,7 +205,8 @@ def format_report(folder: str, examples: int = 3) -> str:
     lines = [f"kept {report['n_kept']} of {report['n_examples']} examples ({report['fraction_kept']:.1%}) in "
              f"{report['n_clusters']} clusters ({report['clustering_method']}; {report['n_noise']} noise points); "
              f"features {report.get('features_seconds') or 0:.1f} s, "
-             f"clustering {report.get('clustering_seconds') or 0:.1f} s", *_token_lines(report), "",
+             f"clustering {report.get('clustering_seconds') or 0:.1f} s", *_token_lines(report),
+             *_target_lines(report.get("target")), "",
              "| cluster | size | kept | weight | mean tokens | mean loss (nats) | examples |",
              "|---|---|---|---|---|---|---|"]
     for row in clusters:
@@ -205,6 +214,15 @@ def format_report(folder: str, examples: int = 3) -> str:
         lines.append(f"| {row['cluster']} | {row['size']} | {row['kept']} | {row['weight']:.3g} | "
                      f"{row['mean_tokens']:.1f} | {'—' if row['mean_loss'] is None else format(row['mean_loss'], '.3f')} | {texts} |")
     return "\n".join(lines)
+
+
+def _target_lines(target: dict | None) -> list[str]:
+    """With a target set: the budget each target task took, and the relevance of the kept set against all."""
+    if not target:
+        return []
+    tasks = ", ".join(f"{n} {k}" for n, k in zip(target["task_names"], target["kept_per_task"]))
+    return [f"target {target['source']}: kept per task {tasks}, coverage floor {target['coverage_kept']}; "
+            f"relevance kept {target['mean_relevance_kept']} vs all {target['mean_relevance_pool']}"]
 
 
 def _token_lines(report: dict) -> list[str]:

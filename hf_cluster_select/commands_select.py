@@ -89,11 +89,11 @@ def _quiet_datasets():
             datasets.enable_progress_bars()
 
 
-def load_rows(path: str, split: str):
+def load_rows(path: str, split: str, option: str = "--dataset"):
     """A `datasets.Dataset` from a data file (.json/.jsonl/.csv/.parquet) or a `save_to_disk` folder.
 
     Raises:
-        InputError: if the path does not exist, has another extension, is empty, cannot be read (not a `save_to_disk`
+        InputError (naming `option`): if the path does not exist, has another extension, is empty, cannot be read (not a `save_to_disk`
             folder, corrupt JSON, CSV or Parquet), holds no rows, or has no split `split` (a data file and a
             `Dataset` folder have the one split "train").
     """
@@ -101,11 +101,11 @@ def load_rows(path: str, split: str):
 
     kind = DATA_KINDS.get(os.path.splitext(path)[1].lower())
     if not os.path.exists(path):
-        raise InputError(f"`--dataset` {path!r} does not exist.")
+        raise InputError(f"`{option}` {path!r} does not exist.")
     if not os.path.isdir(path) and (not os.path.isfile(path) or kind is None):
-        raise InputError(f"`--dataset` must be a {sorted(DATA_KINDS)} file or a save_to_disk folder, got {path!r}.")
+        raise InputError(f"`{option}` must be a {sorted(DATA_KINDS)} file or a save_to_disk folder, got {path!r}.")
     if os.path.isfile(path) and os.path.getsize(path) == 0:
-        raise InputError(f"`--dataset` {path!r} is an empty file.")
+        raise InputError(f"`{option}` {path!r} is an empty file.")
     try:
         with _quiet_datasets():
             if os.path.isdir(path):
@@ -114,9 +114,9 @@ def load_rows(path: str, split: str):
                 loaded = datasets.load_dataset(kind, data_files=path, split="train")
     except Exception as error:  # the library's own errors, wrapped differently per format: its innermost cause
         if "corresponds to no data" in str(error):  # datasets' words for a file without rows
-            raise InputError(f"`--dataset` {path!r} holds no rows.") from error
+            raise InputError(f"`{option}` {path!r} holds no rows.") from error
         what = "a folder saved with `datasets.save_to_disk`" if os.path.isdir(path) else f"{kind} data"
-        raise InputError(f"`--dataset` {path!r} cannot be read as {what} ({_cause(error)}).") from error
+        raise InputError(f"`{option}` {path!r} cannot be read as {what} ({_cause(error)}).") from error
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
             raise InputError(f"`--split {split}` is not in {path!r} (splits: {sorted(loaded)}).")
@@ -125,7 +125,7 @@ def load_rows(path: str, split: str):
         raise InputError(f"`--split {split}` is not in {path!r}: it has the one split 'train' (`--split` chooses "
                          f"a split of a DatasetDict folder).")
     if len(loaded) == 0:
-        raise InputError(f"`--dataset` {path!r} holds no rows" + (f" in split {split!r}." if split != "train" else "."))
+        raise InputError(f"`{option}` {path!r} holds no rows" + (f" in split {split!r}." if split != "train" else "."))
     return loaded
 
 
@@ -181,17 +181,63 @@ def tokenize(rows, tokenizer, args: argparse.Namespace) -> tuple[list[dict], lis
     return examples, texts
 
 
-def inspection(result, weights, kept, lengths, losses, texts, examples: int = 3) -> list[dict]:
+def inspection(result, weights, kept, lengths, losses, texts, examples: int = 3,
+               relevance: dict | None = None) -> list[dict]:
     """Per cluster: size, kept, total weight of its kept examples, mean tokens, mean loss (nats, under the model as
-    given: `select` has no warm-up) and the texts of its first kept examples (then of the others). `weights` / `kept` are per example `[n]` (0 / False if dropped)."""
+    given: `select` has no warm-up), with a target its relevance (mean max-cosine of its members to the nearest
+    target task) and the texts of its first kept examples (then of the others). `weights` / `kept` are per example
+    `[n]` (0 / False if dropped)."""
     rows = []
     for cluster in range(result.n_clusters):
         members = np.flatnonzero(result.labels == cluster)
         order = np.concatenate([members[kept[members]], members[~kept[members]]])[:examples]
         rows.append(dict(cluster=cluster, size=int(members.size), kept=int(kept[members].sum()),
                          weight=float(weights[members].sum()), mean_tokens=float(lengths[members].mean()),
-                         mean_loss=None if losses is None else float(losses[members].mean()), examples=[texts[i] for i in order]))
+                         mean_loss=None if losses is None else float(losses[members].mean()),
+                         **({} if relevance is None else {"relevance": relevance.get(cluster)}),
+                         examples=[texts[i] for i in order]))
     return rows
+
+
+def _target_set(args: argparse.Namespace, config: ClusterSelectConfig, tokenizer):
+    """The `--target` file tokenized as the dataset, its tasks from `--target-column`; `None` without `--target`.
+
+    Raises:
+        InputError: for a target file that does not load, lacks the dataset's columns or the target column, has a
+            target column with one value, or a combination targeted selection does not take.
+    """
+    import datasets
+
+    from ._types import TargetSet
+    from .config import check_target_combination
+    from .data import token_digest
+    from .persistence import data_fingerprint
+
+    column = config.target_settings.target_column
+    if getattr(args, "target", None) is None:
+        if column is not None or config.strategy_kwargs.keys() & {"target_rule", "target_coverage"}:
+            raise InputError("the target settings (--target-column, --target-rule, --target-coverage) need "
+                             "`--target` (a data file of examples to aim the selection at).")
+        return None
+    try:
+        check_target_combination(config)
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    rows = load_rows(args.target, "train", option="--target")
+    if column is not None and column not in rows.column_names:
+        raise InputError(f"`--target-column` {column!r} is not a column of `--target` (columns: {rows.column_names}).")
+    names, tasks = np.unique([str(v) for v in rows[column]] if column else ["target"] * len(rows),
+                             return_inverse=True)
+    if column is not None and names.size < 2:
+        raise InputError(f"`--target-column` {column!r} has one value ({names[0]!r}): drop it for one target task.")
+    try:
+        examples, _ = tokenize(rows, tokenizer, args)
+    except InputError as error:
+        raise InputError(f"`--target` {args.target!r} is not in the dataset's format: {error}") from None
+    lengths = np.asarray([len(e["input_ids"]) for e in examples])
+    return TargetSet(dataset=examples, lengths=tuple(int(n) for n in lengths), tasks=tasks.reshape(-1).astype(np.int64),
+                     task_names=tuple(str(n) for n in names), source=args.target,
+                     fingerprint=data_fingerprint(lengths, token_digest(datasets.Dataset.from_list(examples))))
 
 
 def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[str, Any]:
@@ -223,7 +269,10 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
     except Exception as error:  # e.g. a tokenizer.model that needs sentencepiece
         raise InputError(f"`--model` {args.model!r}: its tokenizer does not load ({_cause(error)}).") from error
     examples, texts = tokenize(rows, tokenizer, args)  # bad columns fail before the model loads
-    print(f"[1/4] data: {len(examples)} examples from {args.dataset}", flush=True)
+    target = _target_set(args, config, tokenizer)
+    print(f"[1/4] data: {len(examples)} examples from {args.dataset}"
+          + (f"; target: {len(target.lengths)} examples in {target.n_tasks} task(s) from {args.target}"
+             if target else ""), flush=True)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     if torch.cuda.is_available():
         model = model.cuda()
@@ -235,18 +284,22 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
     collate = functools.partial(pad_collate, pad_token_id=pad)
     identity = feature_identity(model, config, facts, data_fingerprint=fingerprint, collator=collate,
                                 tokenizer=tokenizer, probe=examples) if config.feature_cache else None
+    target_identity = feature_identity(model, config, facts, data_fingerprint=target.fingerprint, collator=collate,
+                                       tokenizer=tokenizer, probe=target.dataset) if config.feature_cache and target \
+        else None
     cache, clock = FeatureCache(), PhaseClock()
     print(f"[2/4] features ({facts.feature_used}) → clusters ({config.cluster_method}) → selection "
           f"({config.within_cluster})", flush=True)
     outcome = select_with_model(model, examples, collate, config=config, facts=facts, lengths=lengths, clock=clock,
-                                batch_size=args.batch_size, identity=identity, cache=cache)
+                                batch_size=args.batch_size, identity=identity, cache=cache, target=target,
+                                target_identity=target_identity)
     if outcome.features_from_cache:
         print(f"      features loaded from the feature cache {cache.directory}", flush=True)
     result, chosen, losses = outcome.clustering, outcome.selection, outcome.losses
     report = SelectionReport.build(result, chosen, config, lengths=lengths, loss_tokens=outcome.loss_tokens,
                                    clock=clock, features_from_cache=outcome.features_from_cache,
                                    feature_used=facts.feature_used, feature_map=outcome.feature_map,
-                                   warmup_steps=0, warmup_seconds=0.0)  # no training: no warm-up
+                                   warmup_steps=0, warmup_seconds=0.0, target=outcome.target)  # no training: no warm-up
     features_seconds, clustering_seconds = report.features_seconds, report.clustering_seconds
     print(f"[3/4] kept {chosen.n_kept} of {len(examples)} examples in {result.n_clusters} clusters "
           f"(features {features_seconds:.1f} s, clustering and selection {clustering_seconds:.1f} s)", flush=True)
@@ -264,11 +317,14 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
     write_report_files(args.output, report, base_model=None)
     save_selection(args.output, chosen, labels=result.labels, raw_labels=result.raw_labels, config=config.to_dict(),
                    fingerprint=fingerprint, extra={"report": report.to_dict()})
-    clusters = inspection(result, weights, kept, lengths, losses, texts)
+    clusters = inspection(result, weights, kept, lengths, losses, texts,
+                          relevance=(outcome.target or {}).get("cluster_relevance"))
     with open(os.path.join(args.output, "clusters.json"), "w", encoding="utf-8") as handle:
         json.dump(clusters, handle, indent=1)
     summary = {"n_examples": len(examples), "n_kept": chosen.n_kept, "n_clusters": result.n_clusters,
                "features_seconds": features_seconds, "clustering_seconds": clustering_seconds,
                "output": args.output}
+    if outcome.target:
+        summary["kept_per_target_task"] = dict(zip(outcome.target["task_names"], outcome.target["kept_per_task"]))
     print(json.dumps(summary), flush=True)
     return summary

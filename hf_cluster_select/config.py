@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import registry
-from .settings import check_bool, check_choice, check_optional_int, setting_names
+from .settings import TargetSettings, check_bool, check_choice, check_optional_int, setting_names
 
 AUTO_FEATURE = "auto"  # not a registered signal: resolved per model by features/choice.py
 BUDGET_UNITS = ("examples", "tokens")
+TARGET_SOURCES = ("eval",)  # `target` values besides None; a target set can also be given to the trainer
+TARGET_STAGE = "target"  # the settings of targeted selection (`TargetSettings`), next to the four strategy stages
 
 
 @dataclass
@@ -64,7 +66,7 @@ class ClusterSelectConfig:
     feature: str = field(default=AUTO_FEATURE, metadata={
         "help": "Per-example learning-effect signal (registry.FEATURES): 'auto' = 'hidden_mean' after 2/3 of the "
                 "blocks for a language model, 'badge' for a classification head; 'badge', 'last_layer_grad' "
-                "(CluSTER), 'hidden_mean' (RDS+)."})
+                "(CluSTER), 'hidden_mean', 'hidden_weighted_mean' (RDS+'s position-weighted pooling)."})
     cluster_method: str = field(default="fine_kmeans", metadata={
         "help": "Clustering (registry.CLUSTERERS): 'fine_kmeans' = KMeans strata of about kept_per_cluster kept "
                 "examples; 'hdbscan' = HDBSCAN's natural clusters (noise assigned); 'kmeans' = CluSTER's K."})
@@ -86,6 +88,10 @@ class ClusterSelectConfig:
     selection_seed: int = field(default=42, metadata={
         "help": "Seed of selection and batch order (features' random projection, clustering, sampling rules, "
                 "batch order)."})
+    target: str | None = field(default=None, metadata={
+        "help": "Targeted selection: 'eval' = keep the examples that teach the trainer's eval_dataset (a dict of "
+                "eval datasets = one target task each); None = untargeted, unless the trainer is given "
+                "target_dataset. Settings: target_rule, target_coverage, target_column (strategy_kwargs)."})
 
     def __post_init__(self) -> None:
         self._check_core_fields()
@@ -121,6 +127,10 @@ class ClusterSelectConfig:
             raise TypeError(f"`selection_seed` must be an int, got {self.selection_seed!r}.")
         if not 0 <= self.selection_seed <= 2**32 - 1:  # the seeds numpy and scikit-learn take
             raise ValueError(f"`selection_seed` must be in [0, 2**32 - 1], got {self.selection_seed}.")
+        if isinstance(self.target, str) and self.target.strip().lower() in ("none", "null", ""):
+            self.target = None
+        if self.target is not None:
+            check_choice("target", self.target, TARGET_SOURCES)
 
     def _chosen_settings_classes(self) -> dict[str, type]:
         """Stage → settings class of the chosen strategy (`feature="auto"` takes the stage's base class)."""
@@ -158,6 +168,8 @@ class ClusterSelectConfig:
                              "'proportional' ('uniform' gives clusters of short examples most of their members, more "
                              f"than the steps hold), got balance_tokens={balance}, allocation={self.allocation!r}, "
                              f"quota={quota!r}.")
+        if self.target is not None:
+            check_target_combination(self)
 
     # ---- resolved settings ------------------------------------------------------------------------------------
     def _settings(self, stage: str) -> Any:
@@ -184,12 +196,17 @@ class ClusterSelectConfig:
         """The allocation's settings (`settings.AllocationSettings` or the registered subclass)."""
         return self._settings("allocation")
 
+    @property
+    def target_settings(self) -> TargetSettings:
+        """Targeted selection's settings (`settings.TargetSettings`), used when the run has a target set."""
+        return self._settings(TARGET_STAGE)
+
     def resolved(self) -> dict[str, Any]:
         """Every field but `strategy_kwargs`, and every setting of the chosen strategies with its resolved value:
         one flat dict (what selection depends on is compared on it, `persistence.config_differences`)."""
         values = {k: v for k, v in self.to_dict().items() if k != "strategy_kwargs"}
         for settings in (self.feature_settings, self.cluster_settings, self.selection_settings,
-                         self.allocation_settings):
+                         self.allocation_settings, self.target_settings):
             values.update(dataclasses.asdict(settings))
         return values
 
@@ -287,6 +304,7 @@ def _settings_classes(chosen: dict[str, Any]) -> dict[str, type]:
     for stage, table in registry.STAGES.items():
         name = chosen[stage]
         classes[stage] = table.base_settings if name == AUTO_FEATURE else table.settings_class(name)
+    classes[TARGET_STAGE] = TargetSettings  # every target rule takes the same settings
     return classes
 
 
@@ -298,15 +316,32 @@ def registered_settings() -> dict[str, list[tuple[str, str, dataclasses.Field]]]
         for strategy in table.names():
             for field in dataclasses.fields(table.settings_class(strategy)):
                 found.setdefault(field.name, []).append((stage, strategy, field))
+    for field in dataclasses.fields(TargetSettings):
+        found.setdefault(field.name, []).append((TARGET_STAGE, "a target set", field))
     return found
 
 
 def _owners(names: list[str]) -> dict[str, list[str]]:
     """Setting name → `stage='strategy'` of every registered strategy that takes it."""
     takers = registered_settings()
-    return {name: [f"{stage}={strategy!r}" for stage, strategy, _ in takers[name]] for name in names if name in takers}
+    return {name: [strategy if stage == TARGET_STAGE else f"{stage}={strategy!r}" for stage, strategy, _ in takers[name]]
+            for name in names if name in takers}
 
 
 def _owners_hint(names: list[str]) -> str:
     owners = _owners(names)
     return ", ".join(f"{n!r}" + (f" (a setting of {' / '.join(owners[n])})" if n in owners else "") for n in names)
+
+
+def check_target_combination(config: "ClusterSelectConfig") -> None:
+    """Raise `ValueError` for settings targeted selection cannot follow (called for `target="eval"` here, and by the
+    trainer when it is given a `target_dataset`): CluSTER's allocation (one cluster per rank, weights for the pool),
+    a token budget and a `stratify_column` (both split the budget by the pool, not by the target)."""
+    if config.allocation == "paper":
+        raise ValueError("a target set needs `allocation`='balanced': 'paper' (CluSTER) deals whole clusters to ranks "
+                         "and weights them for the pool. Use the default allocation with a target.")
+    if config.budget_unit != "examples":
+        raise ValueError("a target set counts the budget in examples: use `budget_unit`='examples' with a target.")
+    if config.stratify_column is not None:
+        raise ValueError(f"a target set replaces `stratify_column` ({config.stratify_column!r}): the budget goes to "
+                         "the target tasks (`target_column`), not to the pool's strata. Drop one of them.")

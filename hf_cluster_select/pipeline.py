@@ -16,14 +16,14 @@ import numpy as np
 import torch
 
 from . import distributed
-from ._types import ClusteringResult, RunFacts, Selection
+from ._types import NO_LOSS_LABEL, ClusteringResult, RunFacts, Selection, TargetSet
 from .clock import PhaseClock
 from .config import ClusterSelectConfig
 from .feature_cache import FeatureCache
 from .features import FEATURES
 from .features.proxy import truncated_layers
 from .reporting.feature_map import feature_map_points
-from .selection import cluster_features, select_subset
+from .selection import cluster_features, relevance_scores, select_subset, select_targeted
 from .validation import check_loss_tokens
 
 logger = logging.getLogger(__name__)
@@ -43,6 +43,8 @@ class SelectionOutcome:
             the signal gives them.
         features_from_cache (`bool` or `None`): whether the features came from the feature cache; `None` = none.
         feature_map (`dict` or `None`): `feature_map_points` of the features (2-D PCA of a sample).
+        target (`dict` or `None`): with a target set, what targeted selection did (`select_targeted`'s summary plus
+            the target's `source`, `task_names`, `n_target_per_task` and whether its features came from the cache).
     """
 
     selection: Selection
@@ -51,6 +53,7 @@ class SelectionOutcome:
     losses: np.ndarray | None = None
     features_from_cache: bool | None = None
     feature_map: dict | None = None
+    target: dict | None = None
 
 
 def select_with_model(
@@ -67,6 +70,8 @@ def select_with_model(
     show_progress: bool = True,
     identity: dict | None = None,
     cache: FeatureCache | None = None,
+    target: TargetSet | None = None,
+    target_identity: dict | None = None,
 ) -> SelectionOutcome:
     """Choose the training subset with the current model (CluSTER, Kim et al., EMNLP 2026, with fine strata).
 
@@ -87,11 +92,15 @@ def select_with_model(
         identity (`dict`, *optional*): `feature_cache.feature_identity` of these features; with `cache`, a hit
             loads them (on rank 0) instead of the feature pass, and a miss stores them.
         cache (`FeatureCache`, *optional*): where features are looked up and stored; `None` = no cache.
+        target (`TargetSet`, *optional*): a target set: its features come from the same model, signal and
+            settings in the same `features` phase, and the budget goes to its tasks (`selection.select_targeted`)
+            instead of to the pool's clusters.
+        target_identity (`dict`, *optional*): the feature-cache identity of the target's features.
     Returns:
         `SelectionOutcome`. At `data_fraction=1.0` (nothing to drop) and an allocation that does not need exact
         clusters, no feature pass and no clustering run (`keep_everything`).
     Raises:
-        ValueError: if no example has a loss-bearing token.
+        ValueError: if no example has a loss-bearing token, or a target task has none.
     """
     if config.data_fraction >= 1.0 and not merge_unclusterable:
         return keep_everything(len(lengths), clock)
@@ -100,19 +109,54 @@ def select_with_model(
         model, dataset, collator, config=config, facts=facts, lengths=lengths, batch_size=batch_size,
         show_progress=show_progress, cache=cache, identity=identity)
     check_loss_tokens(loss_tokens)
+    target_features = None
+    if target is not None:
+        target_features, target_tokens, _, _, target_from_cache = cached_or_computed_features(
+            model, target.dataset, collator, config=config, facts=facts, lengths=target.lengths,
+            batch_size=batch_size, show_progress=False, cache=cache, identity=target_identity)
     clock.stop("features")
     clock.start("clustering")
     payload = None
     if distributed.rank() == 0:
         result = cluster_features(np.asarray(features), config, world_size=distributed.world_size(),
                                   loss_tokens=loss_tokens, merge_unclusterable=merge_unclusterable)
-        chosen = select_subset(result, config, norms=norms, losses=losses, strata=facts.strata, lengths=lengths)
+        target_summary = None
+        if target is None:
+            chosen = select_subset(result, config, norms=norms, losses=losses, strata=facts.strata, lengths=lengths)
+        else:
+            chosen, target_summary = _select_for_target(result, features, target, target_features, target_tokens,
+                                                        config)
+            target_summary["features_from_cache"] = target_from_cache
         summary = dataclasses.replace(result, reduced=np.zeros((result.labels.size, 0), dtype=np.float32))
-        payload = (chosen, summary, feature_map_points(features, config.selection_seed))
-    chosen, summary, feature_map = distributed.broadcast_object(payload)
+        payload = (chosen, summary, feature_map_points(features, config.selection_seed), target_summary)
+    chosen, summary, feature_map, target_summary = distributed.broadcast_object(payload)
     clock.stop("clustering")
     return SelectionOutcome(chosen, summary, np.asarray(loss_tokens), None if losses is None else np.asarray(losses),
-                            from_cache, feature_map)
+                            from_cache, feature_map, target_summary)
+
+
+def _select_for_target(result: ClusteringResult, features: Any, target: TargetSet, target_features: Any,
+                       target_tokens: np.ndarray, config: ClusterSelectConfig) -> tuple[Selection, dict]:
+    """Targeted selection on rank 0: relevance of every pool example to every target task (target examples without
+    a loss-bearing token left out), then `select_targeted`; the summary names the target.
+
+    Raises:
+        ValueError: if a target task has no example with a loss-bearing token.
+    """
+    usable = np.asarray(target_tokens).reshape(-1) > 0
+    empty = [name for task, name in enumerate(target.task_names) if not usable[target.tasks == task].any()]
+    if empty:
+        raise ValueError(f"target task(s) {empty} have no loss-bearing token (every label -100): the target set "
+                         "must show what the model should produce.")
+    scores = relevance_scores(np.asarray(features), np.asarray(target_features)[usable], target.tasks[usable])
+    chosen, summary = select_targeted(result.labels, scores, data_fraction=config.data_fraction,
+                                      settings=config.target_settings, seed=config.selection_seed,
+                                      deferred=np.asarray(result.raw_labels) == NO_LOSS_LABEL, groups=result.groups)
+    summary.update(source=target.source, task_names=list(target.task_names),
+                   n_target_per_task=np.bincount(target.tasks, minlength=target.n_tasks).tolist(),
+                   target_rule=config.target_settings.target_rule,
+                   target_coverage=config.target_settings.target_coverage)
+    return chosen, summary
 
 
 def cached_or_computed_features(model, dataset, collator, *, config: ClusterSelectConfig, facts: RunFacts,

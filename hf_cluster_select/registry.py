@@ -2,7 +2,8 @@
 statically).
 
 Each pipeline stage has one `Registry` of interchangeable strategies: `FEATURES` (`ClusterSelectConfig.feature`),
-`CLUSTERERS` (`cluster_method`), `WITHIN_CLUSTER_RULES` (`within_cluster`) and `ALLOCATIONS` (`allocation`). The
+`CLUSTERERS` (`cluster_method`), `WITHIN_CLUSTER_RULES` (`within_cluster`) and `ALLOCATIONS` (`allocation`);
+`TARGET_RULES` holds the rankings of targeted selection (the `target_rule` setting, `settings.TargetSettings`). The
 built-in strategies register themselves in their stage modules (`features/`, `selection/`, `batching/`); a registry
 imports its stage's module the first time it is asked for a name, so the accepted names and their settings are
 derived from the registrations alone and listed nowhere else. A user registers their own strategy the same way,
@@ -30,7 +31,7 @@ import importlib
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
-from .settings import AllocationSettings, ClusteringSettings, FeatureSettings, SelectionSettings
+from .settings import AllocationSettings, ClusteringSettings, FeatureSettings, SelectionSettings, TargetSettings
 
 T = TypeVar("T")
 
@@ -121,5 +122,6 @@ FEATURES: Registry = Registry("feature", FeatureSettings, "hf_cluster_select.fea
 CLUSTERERS: Registry = Registry("cluster_method", ClusteringSettings, "hf_cluster_select.selection")
 WITHIN_CLUSTER_RULES: Registry = Registry("within_cluster", SelectionSettings, "hf_cluster_select.selection")
 ALLOCATIONS: Registry = Registry("allocation", AllocationSettings, "hf_cluster_select.batching")
+TARGET_RULES: Registry = Registry("target_rule", TargetSettings, "hf_cluster_select.selection")
 STAGES = {"feature": FEATURES, "cluster_method": CLUSTERERS, "within_cluster": WITHIN_CLUSTER_RULES,
           "allocation": ALLOCATIONS}

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ._types import RunFacts, Selection
+from ._types import RunFacts, Selection, TargetSet
 from .batching.allocations import get_allocation
 from .batching.padding import plan_padded_tokens, random_batch_padded_tokens
 from .batching.plan import micro_steps_capacity
@@ -202,7 +202,7 @@ class SelectionRun:
 
     # ---- selection --------------------------------------------------------------------------------------------
     def select(self, model: torch.nn.Module, dataset: Any, collator: Any, *, batch_size: int,
-               show_progress: bool = True, tokenizer: Any = None) -> SelectionReport:
+               show_progress: bool = True, tokenizer: Any = None, target: TargetSet | None = None) -> SelectionReport:
         """Features on every rank's shard, clustering and selection on rank 0, broadcast; then `adopt` it.
 
         Args:
@@ -211,27 +211,33 @@ class SelectionRun:
             batch_size (`int`): examples per feature forward pass.
             show_progress (`bool`, *optional*, defaults to `True`): tqdm bar on this rank.
             tokenizer (*optional*): the trainer's tokenizer, part of the feature-cache identity.
+            target (`TargetSet`, *optional*): a target set to aim the selection at (`selection.targeted`); its
+                features are cached under their own identity (its tokens instead of the training data's).
         Returns:
             `SelectionReport`, also `self.report`; its summary is left in `pending_metrics` for the trainer to log.
         Raises:
             ValueError: see `pipeline.select_with_model`.
         """
-        identity = cache = None
+        identity = cache = target_identity = None
         if self.config.feature_cache and self.config.data_fraction < 1.0:
             identity = feature_identity(model, self.config, self.facts, data_fingerprint=self.fingerprint,
                                         collator=collator, tokenizer=tokenizer, probe=dataset)
             cache = FeatureCache()
+            if target is not None:
+                target_identity = feature_identity(model, self.config, self.facts, data_fingerprint=target.fingerprint,
+                                                   collator=collator, tokenizer=tokenizer, probe=target.dataset)
         outcome = select_with_model(
             model, dataset, collator, config=self.config, facts=self.facts, lengths=self.lengths, clock=self.clock,
             batch_size=batch_size, merge_unclusterable=self.allocation.exact_clusters, show_progress=show_progress,
-            identity=identity, cache=cache,
+            identity=identity, cache=cache, target=target, target_identity=target_identity,
         )
         self.adopt(outcome.selection, outcome.clustering.labels, outcome.clustering.raw_labels)  # may re-plan
         report = SelectionReport.build(
             outcome.clustering, outcome.selection, self.config, lengths=self.lengths, loss_tokens=outcome.loss_tokens,
             plan=self.plan, clock=self.clock, features_from_cache=outcome.features_from_cache,
             feature_used=self.facts.feature_used if outcome.loss_tokens is not None else None,
-            feature_map=outcome.feature_map, n_dropped_by_preparation=self.facts.n_dropped_by_preparation)
+            feature_map=outcome.feature_map, n_dropped_by_preparation=self.facts.n_dropped_by_preparation,
+            target=outcome.target)
         self._take_report(report)
         return report
 

@@ -13,6 +13,8 @@ Every stage has a base class whose settings apply to all its strategies:
   (`selection.kmeans_clusterer`, `selection.hdbscan_clusterer`).
 - `SelectionSettings` (`within_cluster`): `quota`.
 - `AllocationSettings` (`allocation`): `balance_tokens`, `balance_window`.
+- `TargetSettings` (targeted selection, when the run has a target set): `target_rule`, `target_coverage`,
+  `target_column`.
 
 A settings class validates itself in `__post_init__` (`ValueError` naming the setting and the value it got) and
 declares each field's `metadata={"help": ...}` (and `"choices"` for an enumeration), like `ClusterSelectConfig`.
@@ -159,3 +161,43 @@ class AllocationSettings:
         check_bool("balance_tokens", self.balance_tokens)
         check_int_setting("balance_window", self.balance_window, 1)
 
+
+
+@dataclass(frozen=True)
+class TargetSettings:
+    """Settings of targeted selection (used when the run has a target set: `ClusterTrainer(target_dataset=...)` or
+    `ClusterSelectConfig(target="eval")`).
+
+    Attributes:
+        target_rule (`str`, defaults to `"cluster_relevance"`): how each target task ranks the pool
+            (`registry.TARGET_RULES`): `"cluster_relevance"` takes the clusters nearest to the target first (mean
+            relevance of their members), `"top_k_cosine"` the single most similar examples (RDS+).
+        target_coverage (`float`, defaults to `0.0`): share of the budget, in [0, 1), kept as the untargeted
+            selection would keep it (every cluster its proportional share) before the target gets the rest;
+            0 = everything follows the target.
+        target_column (`str`, *optional*): a column of the target set naming its target tasks; each task gets an
+            equal share of the budget (round-robin, RDS+); `None` = the target set is one task.
+    Raises:
+        ValueError: for an unknown rule, a coverage outside [0, 1) or an empty column name.
+    """
+
+    target_rule: str = field(default="cluster_relevance", metadata={
+        "help": "How each target task ranks the pool (registry.TARGET_RULES): 'cluster_relevance' = the clusters "
+                "nearest to the target first; 'top_k_cosine' = the examples most similar to it (RDS+)."})
+    target_coverage: float = field(default=0.0, metadata={
+        "help": "Share of the budget, in [0, 1), kept as the untargeted selection would keep it (every cluster its "
+                "share); the target gets the rest. 0 = everything follows the target."})
+    target_column: str | None = field(default=None, metadata={
+        "help": "A column of the target set naming its target tasks; each gets an equal share of the budget "
+                "(round-robin); None = one task."})
+
+    def __post_init__(self) -> None:
+        from .registry import TARGET_RULES  # registry imports this module
+
+        TARGET_RULES.get(self.target_rule)
+        value = self.target_coverage
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+            raise ValueError(f"`target_coverage` must be a float in [0, 1), got {value!r}.")
+        object.__setattr__(self, "target_coverage", float(value))
+        if self.target_column is not None and (not isinstance(self.target_column, str) or not self.target_column):
+            raise ValueError(f"`target_column` must be a column name or None, got {self.target_column!r}.")

@@ -69,6 +69,20 @@ def test_hidden_mean_is_the_mean_head_input(causal_lm):
         torch.testing.assert_close(out.features[i], h[:-1][keep].mean(0), atol=1e-5, rtol=0)
 
 
+def test_hidden_weighted_mean_weighs_the_t_th_loss_token_t(causal_lm):
+    """RDS+'s pooling: sum_t t · h_t / c over the c loss-bearing tokens (the position-weighted mean's direction)."""
+    data = make_examples()
+    out = FEATURES.get("hidden_weighted_mean")(causal_lm, data, list(range(len(data))), collate, normalize=False,
+                                               show_progress=False)
+    for i, x in enumerate(data):
+        with torch.no_grad():
+            h = causal_lm.model(input_ids=torch.tensor([x["input_ids"]])).last_hidden_state[0]
+        tokens = h[:-1][torch.tensor(x["labels"])[1:] != -100]
+        ranks = torch.arange(1, tokens.shape[0] + 1, dtype=torch.float32)
+        torch.testing.assert_close(out.features[i], (ranks[:, None] * tokens).sum(0) / tokens.shape[0], atol=1e-5,
+                                   rtol=0)
+
+
 def test_losses_and_norms_of_the_causal_proxy(causal_lm):
     data = make_examples()
     raw = last_layer_grad_features(causal_lm, data, list(range(len(data))), collate, normalize=False,
@@ -84,4 +98,4 @@ def test_losses_and_norms_of_the_causal_proxy(causal_lm):
 
 
 def test_every_signal_is_registered():
-    assert FEATURES.names() == ["last_layer_grad", "badge", "hidden_mean"]
+    assert FEATURES.names() == ["last_layer_grad", "badge", "hidden_mean", "hidden_weighted_mean"]

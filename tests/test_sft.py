@@ -456,3 +456,25 @@ def test_doubled_eos_is_warned(tmp_path, chat_lm, chat_tokenizer, caplog):
         ClusterSFTTrainer(model=chat_lm, args=sft_args(tmp_path), train_dataset=make_dataset("text", pairs()),
                           processing_class=tokenizer)
     assert "doubled EOS" in caplog.text
+
+
+@pytest.mark.parametrize("fmt", ["prompt_completion", "messages"])
+def test_raw_target_is_prepared_like_the_training_data(tmp_path, chat_lm, chat_tokenizer, fmt):
+    """`target_dataset` given as raw rows (TRL's format, with a task column): tokenized and masked as TRL prepared
+    `train_dataset`, each task gets half the budget; a target in another format is refused before model work."""
+    target = make_dataset(fmt, pairs(4, seed=1)).add_column("skill", ["s1", "s1", "s2", "s2"])
+    config = ClusterSelectConfig(data_fraction=0.25, selection_warmup_steps=0, strategy_kwargs={"target_column": "skill"})
+    extra = {"assistant_only_loss": True} if fmt == "messages" else {}
+    trainer = ClusterSFTTrainer(model=chat_lm, args=sft_args(tmp_path, **extra),
+                                train_dataset=make_dataset(fmt, pairs()), processing_class=chat_tokenizer,
+                                target_dataset=target, cluster_config=config)
+    trainer.train()
+    assert trainer.selection.n_kept == 8
+    assert trainer.selection_report.target["task_names"] == ["s1", "s2"]
+    assert trainer.selection_report.target["kept_per_task"] == [4, 4]
+    other = make_dataset("text", pairs(4, seed=1)).add_column("skill", ["s1", "s1", "s2", "s2"])
+    refused = ClusterSFTTrainer(model=chat_lm, args=sft_args(tmp_path, **extra),
+                                train_dataset=make_dataset(fmt, pairs()), processing_class=chat_tokenizer,
+                                target_dataset=other, cluster_config=config)
+    with pytest.raises(ValueError, match="not in the training data's format"):
+        refused.train()

@@ -82,13 +82,27 @@ def feature_storage(n_rows: int, dim: int, limit_bytes: int | None = None) -> to
     return torch.from_numpy(array)
 
 
+def _ranks_in_example(rows: torch.Tensor) -> torch.Tensor:
+    """1-based rank of every loss token within its example `[k]` (tokens are in order, `rows` ascending)."""
+    counts = torch.bincount(rows)
+    starts = torch.cumsum(counts, 0) - counts
+    return (torch.arange(rows.numel(), device=rows.device) - starts[rows] + 1).float()
+
+
 def _batch_features(tokens: HeadTokens, signal: Signal) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-example means over loss tokens: vectors `[B, D]`, counts `[B]` (int64, CPU), losses `[B]` (CPU)."""
+    """Per-example means over loss tokens: vectors `[B, D]`, counts `[B]` (int64, CPU), losses `[B]` (CPU). A signal
+    with `position_weighted = True` has its t-th loss token of an example weighted t (the mean is then a scaled
+    position-weighted mean: same direction, which is all that cosine similarity and clustering see)."""
     device = tokens.logits.device
     sums, nll = None, torch.zeros(tokens.batch_size, dtype=torch.float32, device=device)
+    ranks = _ranks_in_example(tokens.rows) if getattr(signal, "position_weighted", False) else None
+    start = 0
     for rows, hidden, logits, targets in tokens.chunks():
         log_p = logits.gather(1, targets[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
         vectors = signal.token_vectors(hidden, logits, log_p, targets)
+        if ranks is not None:  # RDS+'s position weights: the t-th loss token of an example weighs t
+            vectors = vectors * ranks[start:start + rows.numel(), None].to(vectors.device, vectors.dtype)
+        start += rows.numel()
         if sums is None:
             sums = torch.zeros(tokens.batch_size, vectors.shape[1], dtype=torch.float32, device=device)
         sums.index_add_(0, rows.to(device), vectors.to(device, torch.float32))

@@ -29,3 +29,25 @@ _DOC = """Per-example mean over loss-bearing tokens of the output head's input `
         TypeError, ValueError: see `head_pass.feature_pass`.
     """
 hidden_mean_features = FEATURES.register("hidden_mean")(signal_features(lambda kwargs: HiddenMean(), _DOC, "hidden_mean_features"))
+
+
+class HiddenWeightedMean(HiddenMean):
+    """Per-token `h` weighted by its rank among the example's loss tokens (RDS+'s position weighting)."""
+
+    position_weighted = True
+
+
+_WEIGHTED_DOC = """Per-example position-weighted mean over loss-bearing tokens of the output head's input `h_t`: the t-th
+    loss-bearing token weighs t, so later tokens (which have seen more of the answer) count more — the pooling of
+    RDS+ (Ivison et al., arXiv 2503.01807, Sec. 3; their `compute_influence_cosinesim.py`). Features are returned
+    as `sum_t t · h_t / c` (c = loss tokens), the position-weighted mean times (c + 1) / 2: the same direction.
+
+    Args:
+        model, dataset, indices, collate_fn, **kwargs: see `head_pass.feature_pass`.
+    Returns:
+        `FeatureOutput`: features `[n, H]`.
+    Raises:
+        TypeError, ValueError: see `head_pass.feature_pass`.
+    """
+hidden_weighted_mean_features = FEATURES.register("hidden_weighted_mean")(
+    signal_features(lambda kwargs: HiddenWeightedMean(), _WEIGHTED_DOC, "hidden_weighted_mean_features"))

@@ -59,6 +59,8 @@ if _SFTTrainer is not None:
         Args:
             *args, **kwargs: everything `trl.SFTTrainer` takes, unchanged.
             cluster_config (`ClusterSelectConfig`, *optional*): selection settings; defaults to `ClusterSelectConfig()`.
+            target_dataset (`datasets.Dataset`, *optional*): a target set in `train_dataset`'s format (raw rows,
+                prepared here the same way); see `ClusterTrainer`.
             max_dropped_fraction (`float`, *optional*, defaults to `0.25`): largest share of `train_dataset` that may be
                 left without a loss-bearing token by preparation (TRL drops such examples after truncation to
                 `max_length`; any left are dropped here too). Their count is `n_dropped_by_preparation` in the
@@ -78,6 +80,7 @@ if _SFTTrainer is not None:
             *args: Any,
             cluster_config: ClusterSelectConfig | None = None,
             max_dropped_fraction: float = DEFAULT_MAX_DROPPED_FRACTION,
+            target_dataset: Any = None,
             **kwargs: Any,
         ) -> None:
             if isinstance(max_dropped_fraction, bool) or not 0.0 <= float(max_dropped_fraction) <= 1.0:
@@ -104,7 +107,8 @@ if _SFTTrainer is not None:
                         "The tokenizer appends EOS itself and TRL appends it to every text/completion too: each "
                         "example will end with a doubled EOS. Use a tokenizer without an EOS post-processor."
                     )
-            super().__init__(*args, cluster_config=cluster_config, **kwargs)
+            self._cs_formatting_func = given.get("formatting_func")
+            super().__init__(*args, cluster_config=cluster_config, target_dataset=target_dataset, **kwargs)
             parallelism = getattr(self.accelerator, "parallelism_config", None)
             if parallelism is not None and getattr(parallelism, "sp_enabled", False):
                 raise ValueError("ClusterSFTTrainer does not support sequence parallelism (per-example loss weights).")
@@ -135,6 +139,25 @@ if _SFTTrainer is not None:
                     "selection report).", dropped, n_given, getattr(self.args, "max_length", None), n_given - dropped,
                 )
             return int(dropped)
+
+        def _cs_prepare_target(self, dataset: Any) -> Any:
+            """`target_dataset` prepared as TRL prepared `train_dataset` (tokenized, completion mask), unless
+            `dataset_kwargs={"skip_prepare_dataset": True}`.
+
+            Raises:
+                ValueError: if its format (text, prompt-completion, conversational, tokenized) is not
+                    `train_dataset`'s.
+            """
+            fmt = check_sft_dataset(dataset, dataset_text_field=getattr(self.args, "dataset_text_field", "text"),
+                                    formatting_func=self._cs_formatting_func, name="target_dataset")
+            expected = getattr(self, "sft_format", None)
+            if expected is not None and fmt != expected:
+                raise ValueError(f"`target_dataset` is not in the training data's format: it is {fmt} data, "
+                                 f"`train_dataset` is {expected} data. Give the target rows in the same format.")
+            if (getattr(self.args, "dataset_kwargs", None) or {}).get("skip_prepare_dataset"):
+                return dataset
+            return self._prepare_dataset(dataset, self.processing_class, self.args, False, self._cs_formatting_func,
+                                         "target")
 
         def _cs_dropped_by_preparation(self) -> int | None:
             """The examples TRL's preparation left without a loss-bearing token, dropped in `__init__`."""

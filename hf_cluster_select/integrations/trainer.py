@@ -41,6 +41,7 @@ from .callbacks import ClusterSelectCallback
 from .feature_model import load_feature_model, load_given_selection
 from .outputs import SelectionOutputsMixin
 from .model_checks import labels_are_shifted, warn_if_hooks_overridden
+from .target import resolve_target
 
 compat.warn_if_unsupported()
 
@@ -55,6 +56,11 @@ class ClusterSelectMixin(SelectionOutputsMixin):
             the path of one (loaded with the trained model's class, `from_pretrained`). It is used as given (not
             warmed up), in eval mode, moved to the training device. `None` = the trained model (after the warm-up);
             the `feature_layers` setting applies to whichever model it is.
+        target_dataset (`datasets.Dataset` or list of `dict`, *optional*): a few to a few hundred examples of what
+            the model will be evaluated on, in the training data's format (for `ClusterSFTTrainer`, raw rows as
+            `train_dataset`, prepared the same way); the selection keeps the examples that teach them
+            (`selection/targeted.py`; tasks from the `target_column` setting). `ClusterSelectConfig(target="eval")`
+            uses `eval_dataset` instead. `None` = untargeted.
         *args, **kwargs: everything the underlying trainer takes, unchanged.
     Attributes:
         selection_run (`SelectionRun` or `None`): the current `train()` call's plan, selection, weights, samplers.
@@ -65,12 +71,14 @@ class ClusterSelectMixin(SelectionOutputsMixin):
             trained model's. From `train()`, before any model work, for a dataset without `__len__`, an empty dataset, a
             dataset or subset smaller than one global batch, `warmup_steps` not below the planned steps, examples
             without the columns the collator needs, no loss-bearing label at all, or an incomplete checkpoint to
-            resume from (see `validation.py`, `persistence.resolve_resume_checkpoint`).
+            resume from (see `validation.py`, `persistence.resolve_resume_checkpoint`); a target set that
+            `integrations.target.resolve_target` refuses.
         ImportError: from `train()`, before any model work, if `cluster_method="hdbscan"` and `hdbscan` is broken.
     """
 
     def __init__(self, *args: Any, cluster_config: ClusterSelectConfig | None = None,
-                 feature_model: torch.nn.Module | str | None = None, selection: Any = None, **kwargs: Any) -> None:
+                 feature_model: torch.nn.Module | str | None = None, selection: Any = None,
+                 target_dataset: Any = None, **kwargs: Any) -> None:
         self._cs_given_selection = load_given_selection(selection)
         if cluster_config is None and self._cs_given_selection is not None:  # train with the saved settings
             cluster_config = ClusterSelectConfig.from_dict(self._cs_given_selection.config)
@@ -82,6 +90,8 @@ class ClusterSelectMixin(SelectionOutputsMixin):
         self.cluster_config = cluster_config
         self.feature_model = load_feature_model(feature_model, kwargs.get("model", args[0] if args else None))
         check_map_style(kwargs.get("train_dataset", args[3] if len(args) > 3 else None))  # before Trainer's own check
+        self.target_dataset = target_dataset
+        self._cs_target = None  # the checked TargetSet of the current run (plan())
         self.selection_run: SelectionRun | None = None
         self._cs_subset_sampler = self._cs_subset_loader = None  # the prepared loader of the run's subset sampler
         self._cs_resume_selection: tuple = (None, None)  # (checkpoint folder, its SavedSelection) read by train()
@@ -139,7 +149,24 @@ class ClusterSelectMixin(SelectionOutputsMixin):
             needs_labels=not (self.can_return_loss or self.compute_loss_func is not None),
             shift_labels=facts.shift_labels,
         )
+        self._cs_target = resolve_target(
+            self.cluster_config, self.target_dataset, self.eval_dataset, view=self._cs_feature_view,
+            collator=collator, train_columns=getattr(dataset, "column_names", None), shift_labels=facts.shift_labels,
+            prepare=self._cs_prepare_target if self.target_dataset is not None else None)
         return run.plan
+
+    def _cs_feature_view(self, dataset: Any) -> Any:
+        """A dataset as the feature pass reads training data (unused columns removed, as `_cs_training_view`)."""
+        import datasets
+
+        if isinstance(dataset, datasets.Dataset):
+            return self._remove_unused_columns(dataset, description="Target")
+        return dataset
+
+    def _cs_prepare_target(self, dataset: Any) -> Any:
+        """The data preparation a target set needs before its feature view: none for `Trainer` (it takes the
+        training data's format as given); `ClusterSFTTrainer` tokenizes raw rows as TRL does."""
+        return dataset
 
     def _cs_dropped_by_preparation(self) -> int | None:
         """Examples the trainer's data preparation dropped before selection (`RunFacts.n_dropped_by_preparation`);
@@ -286,7 +313,7 @@ class ClusterSelectMixin(SelectionOutputsMixin):
             source, dataset, collator,
             batch_size=self.cluster_config.feature_settings.feature_batch_size or self.args.per_device_eval_batch_size,
             show_progress=self.is_world_process_zero() and not self.args.disable_tqdm,
-            tokenizer=getattr(self, "processing_class", None),
+            tokenizer=getattr(self, "processing_class", None), target=self._cs_target,
         )
 
     def _cs_strata(self) -> list | None:

@@ -191,6 +191,7 @@ def _summary_rows(r: Mapping[str, Any]) -> list[tuple[str, str, str]]:
           if (r.get("config") or {}).get("budget_unit") == "tokens" else []),
         *([("Feature", r["feature_used"], "the per-example learning-effect feature the clustering used "
              "(feature='auto' resolved for this model)")] if r.get("feature_used") else []),
+        *_target_rows(r.get("target")),
         ("Clusters", _count(r.get("n_clusters")), "groups examples were assigned to after the noise policy"),
         ("Noise points", _count(r.get("n_noise")), "examples the clusterer labelled -1 before assignment"),
         ("Non-finite features", _count(r.get("n_nonfinite_features", 0)),
@@ -217,6 +218,26 @@ def _summary_rows(r: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         ("Time saved", saved_text,
          "full-data training time − total with selection"
          + (" (negative: selection cost more than it saved)" if saved is not None and saved < 0 else "")),
+    ]
+
+
+def _target_rows(target: Mapping[str, Any] | None) -> list[tuple[str, str, str]]:
+    """Rows on the target set, when the selection followed one: its size per task and how the budget went."""
+    if not target:
+        return []
+    names, sizes = target.get("task_names") or [], target.get("n_target_per_task") or []
+    kept = target.get("kept_per_task") or []
+    per_task = "; ".join(f"{n}: {int(s):,} target, {int(k):,} kept" for n, s, k in zip(names, sizes, kept))
+    return [
+        ("Target set", f"{int(sum(sizes)):,} examples in {len(names)} task(s) from {target.get('source')}",
+         "the examples selection was aimed at (rule "
+         f"{target.get('target_rule')!r}, coverage floor {target.get('target_coverage')})"),
+        ("Budget per target task", per_task or NOT_MEASURED,
+         f"kept examples each task picked in round-robin turns; {int(target.get('coverage_kept') or 0):,} more kept "
+         "by the coverage floor (every cluster its share)"),
+        ("Relevance to the target", f"{target.get('mean_relevance_kept')} kept vs {target.get('mean_relevance_pool')}"
+                                    " all", "mean over examples and tasks of the max cosine similarity between an "
+                                            "example's feature and the task's target features"),
     ]
 
 

@@ -92,6 +92,11 @@ class SelectionReport:
         feature_map (`dict` or `None`): 2-D PCA coordinates of a sample of the features (`feature_map.py`).
         eval_metrics (`dict` or `None`): the run's latest `eval_*` metrics (`Trainer.evaluate`) and `step`, copied
             from the Trainer's log history when the card is written.
+        target (`dict` or `None`): with a target set (`selection.targeted`), what targeted selection did: `source`,
+            `task_names`, `n_target_per_task` (target examples per task), `kept_per_task` (budget each task's
+            round-robin turns took), `coverage_kept` (the coverage floor's examples), `cluster_relevance` (cluster →
+            mean max-cosine relevance of its members to the nearest task), `mean_relevance_kept` /
+            `mean_relevance_pool`, `target_rule`, `target_coverage`, `features_from_cache`; `None` = untargeted.
     """
 
     n_examples: int
@@ -140,6 +145,7 @@ class SelectionReport:
     feature_used: str | None = None
     feature_map: dict | None = None
     eval_metrics: dict | None = None
+    target: dict | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -185,7 +191,7 @@ class SelectionReport:
                 steps); `None` for a selection outside training (the `select` command): steps stay `None`.
             clock (`PhaseClock`, *optional*): its `warmup`, `features` and `clustering` phases give the seconds.
             **measured: the remaining fields (`features_from_cache`, `feature_used`, `feature_map`,
-                `n_dropped_by_preparation`), or ones to state instead of the plan's or the clock's.
+                `n_dropped_by_preparation`, `target`), or ones to state instead of the plan's or the clock's.
         Raises:
             ValueError: for a field out of range (see `__post_init__`).
         """

@@ -7,6 +7,7 @@
 - `within_cluster.WITHIN_CLUSTER_RULES`: which members of a cluster are kept, and their weights (the rules in
   `within_cluster.py`, `coverage_rules.py`, `signal_rules.py`).
 - `select.select_from_labels` / `select.select_subset`: all of the above for one clustering.
+- `targeted.select_targeted`: the budget spent on a target set's tasks instead (`targeted.relevance_scores`).
 """
 
 from .budget import selection_budget
@@ -15,7 +16,8 @@ from .clusterers import CLUSTERERS, ClusterFit
 from .quotas import cluster_quotas
 from .select import select_from_labels, select_subset
 from .within_cluster import WITHIN_CLUSTER_RULES
-from . import coverage_rules, signal_rules  # noqa: E402,F401  (register their rules)
+from .targeted import relevance_scores, select_targeted
+from . import coverage_rules, signal_rules, targeted  # noqa: E402,F401  (register their rules)
 
 __all__ = [
     "CLUSTERERS",
@@ -25,5 +27,7 @@ __all__ = [
     "cluster_quotas",
     "select_from_labels",
     "select_subset",
+    "select_targeted",
+    "relevance_scores",
     "selection_budget",
 ]

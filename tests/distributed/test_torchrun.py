@@ -48,7 +48,7 @@ def _load(folder: str, scenario: str, nproc: int) -> list[dict]:
 def two(tmp_path_factory):
     """The 2-process job: every scenario's per-rank records."""
     folder = str(tmp_path_factory.mktemp("torchrun2"))
-    scenarios = ("main", "resume", "select0", "paper", "paper_resume")
+    scenarios = ("main", "resume", "select0", "paper", "paper_resume", "target")
     torchrun([WORKER, folder, ",".join(scenarios)], nproc=2, timeout=240)
     runs = {s: _load(folder, s, 2) for s in scenarios}
     runs["folder"] = folder
@@ -308,3 +308,20 @@ def test_paper_allocation_one_cluster_per_rank(two, lengths):
         for m in record["seen"]:
             assert all(all_labels[i] == cluster for i in m["ids"])
             assert m["weights"] == pytest.approx([weight] * len(m["ids"]), rel=1e-6)
+
+
+def test_targeted_selection_on_two_ranks(two):
+    """A target set over 2 ranks: features of pool and target sharded, one selection on rank 0, the same on both
+    ranks, the budget split evenly over the two target tasks, and training on exactly the kept examples."""
+    records = two["target"]
+    assert records[0]["selection"] == records[1]["selection"]
+    target = records[0]["target"]
+    assert target == records[1]["target"]
+    assert target["task_names"] == ["a", "b"] and target["n_target_per_task"] == [3, 3]
+    assert sorted(target["kept_per_task"]) == [18, 18]  # budget 36 of 90, round-robin over 2 tasks
+    assert target["coverage_kept"] == 0 and target["mean_relevance_kept"] > target["mean_relevance_pool"]
+    kept = set(records[0]["selection"]["indices"])
+    assert len(kept) == 36
+    trained = {i for r in records for batch in r["seen"] for i in batch["ids"]}
+    assert trained == kept
+    assert np.allclose([w for r in records for b in r["seen"] for w in b["weights"]], 1.0)

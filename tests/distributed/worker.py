@@ -78,6 +78,12 @@ SCENARIOS = {
         args=dict(num_train_epochs=1, save_strategy="steps", save_steps=3),
     ),
 }
+SCENARIOS["target"] = dict(  # targeted selection: 6 rows of the pool as a 2-task target set
+    n=90,
+    config=dict(data_fraction=0.4, selection_warmup_steps=0, strategy_kwargs={"target_column": "task"}),
+    args=dict(num_train_epochs=1),
+    target=True,
+)
 SCENARIOS["resume"] = SCENARIOS["main"]
 SCENARIOS["select0_again"] = SCENARIOS["select0"]  # the same run again: features from the cache on every rank
 CACHE_OF = {"select0_again": "select0"}  # scenario -> the scenario whose feature cache it shares (else its own)
@@ -139,7 +145,9 @@ def build_trainer(scenario: str, out_dir: str, cls=RecordingTrainer) -> ClusterT
     )
     values.update(spec["args"])
     make = ClusterSelectConfig.paper if spec.get("paper") else tiny_assets.config_with
+    target = dataset.select(range(6)).add_column("task", ["a"] * 3 + ["b"] * 3) if spec.get("target") else None
     return cls(
+        target_dataset=target,
         model=tiny_assets.build_model(tokenizer),
         args=TrainingArguments(**values),
         train_dataset=dataset,
@@ -181,6 +189,7 @@ def run(scenario: str, out: str) -> None:
         seen=trainer.seen,
         feature_indices=FEATURE_CALLS,
         features_from_cache=trainer.selection_report.features_from_cache,
+        target=trainer.selection_report.target,
         selection=dict(
             indices=trainer.selection.indices.tolist(),
             weights=trainer.selection.weights.tolist(),
