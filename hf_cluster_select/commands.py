@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import os
 import sys
 from typing import Any, Sequence
@@ -169,8 +170,9 @@ def _run_select_command(args: argparse.Namespace) -> int:
     try:
         try:
             config = config_from_args(args)
-        except (ValueError, TypeError) as error:  # a bad option value
-            raise InputError(str(error)) from error
+        except (ValueError, TypeError) as error:  # a bad option value, named as its option
+            raise InputError(re.sub(r"`strategy_kwargs`: `(\w+)`", lambda m: f"`--{m.group(1).replace('_', '-')}`",
+                                    str(error))) from error
         run_select(args, config)
     except Exception as error:
         if args.debug:
@@ -221,8 +223,11 @@ def _target_lines(target: dict | None) -> list[str]:
     if not target:
         return []
     tasks = ", ".join(f"{n} {k}" for n, k in zip(target["task_names"], target["kept_per_task"]))
-    return [f"target {target['source']}: kept per task {tasks}, coverage floor {target['coverage_kept']}; "
-            f"relevance kept {target['mean_relevance_kept']} vs all {target['mean_relevance_pool']}"]
+    kept = ("every distinct example kept (the budget covers them), per nearest task " if target.get("all_distinct_kept")
+            else "kept per task ")
+    return [f"target {target['source']}: {kept}{tasks}, coverage floor {target['coverage_kept']}; "
+            f"relevance (best task's max cosine) kept {target['mean_relevance_kept']} vs all "
+            f"{target['mean_relevance_pool']}"]
 
 
 def _token_lines(report: dict) -> list[str]:

@@ -199,18 +199,20 @@ def inspection(result, weights, kept, lengths, losses, texts, examples: int = 3,
     return rows
 
 
-def _target_set(args: argparse.Namespace, config: ClusterSelectConfig, tokenizer):
+def _target_set(args: argparse.Namespace, config: ClusterSelectConfig, tokenizer, n_examples: int):
     """The `--target` file tokenized as the dataset, its tasks from `--target-column`; `None` without `--target`.
 
     Raises:
         InputError: for a target file that does not load, lacks the dataset's columns or the target column, has a
-            target column with one value, or a combination targeted selection does not take.
+            target column with missing values or one value, more tasks than the target share of the budget, or a
+            combination targeted selection does not take.
     """
     import datasets
 
     from ._types import TargetSet
     from .config import check_target_combination
     from .data import token_digest
+    from .integrations.target import check_budget
     from .persistence import data_fingerprint
 
     column = config.target_settings.target_column
@@ -226,14 +228,23 @@ def _target_set(args: argparse.Namespace, config: ClusterSelectConfig, tokenizer
     rows = load_rows(args.target, "train", option="--target")
     if column is not None and column not in rows.column_names:
         raise InputError(f"`--target-column` {column!r} is not a column of `--target` (columns: {rows.column_names}).")
+    if column is not None and any(value is None for value in rows[column]):
+        raise InputError(f"`--target-column` {column!r} has rows without a value: name the task of every row.")
     names, tasks = np.unique([str(v) for v in rows[column]] if column else ["target"] * len(rows),
                              return_inverse=True)
     if column is not None and names.size < 2:
-        raise InputError(f"`--target-column` {column!r} has one value ({names[0]!r}): drop it for one target task.")
+        raise InputError(f"`--target-column` {column!r} has one value ({str(names[0])!r}): drop it for one target "
+                         "task.")
+    wanted = [c for c in (args.text_column, args.prompt_column, args.completion_column, args.messages_column) if c]
+    if [c for c in wanted if c not in rows.column_names]:
+        raise InputError(f"`--target` {args.target!r} is not in the dataset's format: it lacks the column(s) "
+                         f"{[c for c in wanted if c not in rows.column_names]} (the target file's columns: "
+                         f"{rows.column_names}).")
     try:
-        examples, _ = tokenize(rows, tokenizer, args)
-    except InputError as error:
-        raise InputError(f"`--target` {args.target!r} is not in the dataset's format: {error}") from None
+        check_budget(config, n_examples, names.size)
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    examples, _ = tokenize(rows, tokenizer, args)
     lengths = np.asarray([len(e["input_ids"]) for e in examples])
     return TargetSet(dataset=examples, lengths=tuple(int(n) for n in lengths), tasks=tasks.reshape(-1).astype(np.int64),
                      task_names=tuple(str(n) for n in names), source=args.target,
@@ -269,7 +280,7 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
     except Exception as error:  # e.g. a tokenizer.model that needs sentencepiece
         raise InputError(f"`--model` {args.model!r}: its tokenizer does not load ({_cause(error)}).") from error
     examples, texts = tokenize(rows, tokenizer, args)  # bad columns fail before the model loads
-    target = _target_set(args, config, tokenizer)
+    target = _target_set(args, config, tokenizer, len(examples))
     print(f"[1/4] data: {len(examples)} examples from {args.dataset}"
           + (f"; target: {len(target.lengths)} examples in {target.n_tasks} task(s) from {args.target}"
              if target else ""), flush=True)

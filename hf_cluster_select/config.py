@@ -336,7 +336,8 @@ def _owners_hint(names: list[str]) -> str:
 def check_target_combination(config: "ClusterSelectConfig") -> None:
     """Raise `ValueError` for settings targeted selection cannot follow (called for `target="eval"` here, and by the
     trainer when it is given a `target_dataset`): CluSTER's allocation (one cluster per rank, weights for the pool),
-    a token budget and a `stratify_column` (both split the budget by the pool, not by the target)."""
+    a token budget and a `stratify_column` (both split the budget by the pool, not by the target), and
+    `data_fraction=1.0` (nothing to choose)."""
     if config.allocation == "paper":
         raise ValueError("a target set needs `allocation`='balanced': 'paper' (CluSTER) deals whole clusters to ranks "
                          "and weights them for the pool. Use the default allocation with a target.")
@@ -345,3 +346,6 @@ def check_target_combination(config: "ClusterSelectConfig") -> None:
     if config.stratify_column is not None:
         raise ValueError(f"a target set replaces `stratify_column` ({config.stratify_column!r}): the budget goes to "
                          "the target tasks (`target_column`), not to the pool's strata. Drop one of them.")
+    if config.data_fraction >= 1.0:
+        raise ValueError("`data_fraction`=1.0 keeps every example, so a target set has nothing to choose: lower "
+                         "data_fraction, or drop the target.")

@@ -130,6 +130,7 @@ class SelectionRun:
         self.plan: StepPlan = self._plan(n_kept, self._warmup_steps(n, n_kept, lr_warmup_steps))
         _warn_if_subset_unseen(self.plan, config)
         self.fingerprint = data_fingerprint(self.lengths, facts.token_digest)
+        self.target_fingerprint: str | None = None  # the target set's (`TargetSet.fingerprint`), set by the trainer
         self.selection: Selection | None = None
         self.labels: np.ndarray | None = None  # cluster of every example
         self.raw_labels: np.ndarray | None = None  # clusterer label of every example (-1 = noise)
@@ -314,7 +315,7 @@ class SelectionRun:
             ValueError: first, if its contents fail `persistence.validate_saved_selection` for this run's
                 `n_examples` (non-finite or non-positive weights, indices out of range, repeated or unsorted, labels
                 of the wrong length, …: the file and field are named); then if it was made on different training
-                data (fingerprint of the tokens and lengths), with a `ClusterSelectConfig` that selects differently,
+                data (fingerprint of the tokens and lengths), (`check_model`) for another target set or none, with a `ClusterSelectConfig` that selects differently,
                 or (`check_model`) for a model of another class or config (`feature_cache.model_config_dict`) — the
                 fields that differ are named.
         """
@@ -324,6 +325,13 @@ class SelectionRun:
                 "the selection saved in the checkpoint was made on different training data (fingerprint mismatch); "
                 "resume with the same `train_dataset` or start a new run."
             )
+        saved_target = saved.extra.get("target_fingerprint")
+        if check_model and saved_target != self.target_fingerprint:
+            both = bool(saved_target) and bool(self.target_fingerprint)
+            made = "another target set" if both else "a target set" if saved_target else "no target set"
+            now = "" if both else f" (this run has {'one' if self.target_fingerprint else 'none'})"
+            raise ValueError(f"the selection saved in the checkpoint was made for {made}{now}; resume with the same "
+                             "`target_dataset` (or `eval_dataset` for target='eval'), or start a new run.")
         changed = config_differences(saved.config or {}, self.config.to_dict(), ignore)
         if changed:
             raise ValueError(
@@ -359,7 +367,8 @@ class SelectionRun:
 
     # ---- persistence and report -------------------------------------------------------------------------------
     def save(self, folder: str) -> str | None:
-        """Write the selection (indices, weights, labels, config, fingerprint, report) into `folder` atomically;
+        """Write the selection (indices, weights, labels, config, fingerprints of the data and the target set,
+        report) into `folder` atomically;
         nothing before selection. Returns the path written, or `None`."""
         if self.selection is None:
             return None
@@ -367,7 +376,8 @@ class SelectionRun:
         return save_selection(
             folder, self.selection, labels=self.labels, raw_labels=self.raw_labels, config=self.config.to_dict(),
             fingerprint=self.fingerprint, extra={"report": self.report.to_dict() if self.report else None,
-                                                 "model_config": self.facts.model_config},
+                                                 "model_config": self.facts.model_config,
+                                                 "target_fingerprint": self.target_fingerprint},
         )
 
     def finalize_report(self, measured_full_seconds: float | None = None) -> SelectionReport | None:

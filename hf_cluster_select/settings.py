@@ -172,8 +172,8 @@ class TargetSettings:
         target_rule (`str`, defaults to `"cluster_relevance"`): how each target task ranks the pool
             (`registry.TARGET_RULES`): `"cluster_relevance"` takes the clusters nearest to the target first (mean
             relevance of their members), `"top_k_cosine"` the single most similar examples (RDS+).
-        target_coverage (`float`, defaults to `0.0`): share of the budget, in [0, 1), kept as the untargeted
-            selection would keep it (every cluster its proportional share) before the target gets the rest;
+        target_coverage (`float`, defaults to `0.0`): share of the budget, in [0, 1), spread over every cluster in
+            proportion to its size (the most relevant members of each) before the target tasks get the rest;
             0 = everything follows the target.
         target_column (`str`, *optional*): a column of the target set naming its target tasks; each task gets an
             equal share of the budget (round-robin, RDS+); `None` = the target set is one task.
@@ -185,8 +185,8 @@ class TargetSettings:
         "help": "How each target task ranks the pool (registry.TARGET_RULES): 'cluster_relevance' = the clusters "
                 "nearest to the target first; 'top_k_cosine' = the examples most similar to it (RDS+)."})
     target_coverage: float = field(default=0.0, metadata={
-        "help": "Share of the budget, in [0, 1), kept as the untargeted selection would keep it (every cluster its "
-                "share); the target gets the rest. 0 = everything follows the target."})
+        "help": "Share of the budget, in [0, 1), spread over every cluster in proportion to its size (the most "
+                "relevant members of each); the target tasks get the rest. 0 = everything follows the target."})
     target_column: str | None = field(default=None, metadata={
         "help": "A column of the target set naming its target tasks; each gets an equal share of the budget "
                 "(round-robin); None = one task."})

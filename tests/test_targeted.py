@@ -90,6 +90,17 @@ def test_duplicates_take_one_slot_and_deferred_examples_come_last():
     assert 3 not in everything.indices.tolist()  # the deferred example only when nothing else is left
 
 
+def test_a_budget_that_covers_every_distinct_example_keeps_them_all_and_says_so():
+    labels = np.zeros(8, dtype=np.int64)
+    scores = np.array([[0.9, 0.1]] * 3 + [[0.1, 0.8]] * 5)
+    groups = np.array([0, 0, 1, 1, 2, 2, 3, 3])  # 4 distinct rows, budget 4
+    chosen, summary = select_targeted(labels, scores, data_fraction=0.5, settings=TargetSettings(), groups=groups)
+    assert chosen.indices.tolist() == [0, 2, 4, 6] and np.allclose(chosen.weights, 2.0)
+    assert summary["all_distinct_kept"] is True and summary["kept_per_task"] == [2, 2]
+    with pytest.raises(ValueError, match="smaller than the number of target tasks"):
+        select_targeted(np.zeros(20, dtype=np.int64), np.zeros((20, 3)), data_fraction=0.1, settings=TargetSettings())
+
+
 def test_a_registered_rule_is_used_and_checked():
     @TARGET_RULES.register("reverse_for_test")
     def reverse(scores, labels, rng):
@@ -122,6 +133,8 @@ def test_config_takes_target_settings_and_refuses_bad_ones():
         ClusterSelectConfig.paper(target="eval")
     with pytest.raises(ValueError, match="stratify_column"):
         ClusterSelectConfig(target="eval", stratify_column="source")
+    with pytest.raises(ValueError, match="nothing to choose"):
+        ClusterSelectConfig(target="eval", data_fraction=1.0)
 
 
 # ---- with a trainer ----------------------------------------------------------------------------------------------
@@ -180,7 +193,13 @@ def test_target_eval_uses_every_eval_set_as_a_task_and_caches_target_features(tm
 @pytest.mark.parametrize("case, message", [
     ("empty", "is empty"),
     ("missing_column", "`target_column` 'task' is not a column"),
-    ("one_value", "has one value"),
+    ("one_value", r"has one value \('a'\)"),
+    ("missing_value", "has no value in 2 of the 4 rows"),
+    ("raw_text", "lacks the column"),
+    ("full_fraction", "nothing to choose"),
+    ("too_many_tasks", "some tasks would get nothing"),
+    ("splits", "must be one dataset"),
+    ("empty_eval_part", r"`eval_dataset\['b'\]` is empty"),
     ("other_format", "lacks the column"),
     ("no_loss", "no loss-bearing token"),
     ("paper", "allocation"),
@@ -206,6 +225,25 @@ def test_bad_targets_fail_before_any_model_work(tmp_path, tiny_lm, lm_dataset, c
         trainer_kwargs["target_dataset"] = rows
     elif case == "one_value":
         trainer_kwargs["target_dataset"] = rows.add_column("task", ["a"] * 4)
+    elif case == "missing_value":
+        trainer_kwargs["target_dataset"] = rows.add_column("task", ["a", None, "b", None])
+    elif case == "raw_text":
+        from datasets import Dataset
+
+        trainer_kwargs["target_dataset"] = Dataset.from_dict({"text": ["one", "two"], "task": ["a", "b"]})
+    elif case == "full_fraction":
+        kwargs.update(data_fraction=1.0)
+    elif case == "too_many_tasks":
+        kwargs.update(data_fraction=0.05)  # 5 of 96 examples for 6 tasks
+        trainer_kwargs["target_dataset"] = lm_dataset.select(range(6)).add_column("task", list("abcdef"))
+    elif case == "splits":
+        from datasets import DatasetDict
+
+        trainer_kwargs["target_dataset"] = DatasetDict({"train": target})
+    elif case == "empty_eval_part":
+        kwargs.update(target="eval")
+        kwargs["strategy_kwargs"] = {}
+        trainer_kwargs = {"eval_dataset": {"a": rows, "b": rows.select([])}}
     elif case == "other_format":
         trainer_kwargs["target_dataset"] = target.remove_columns("labels")
     elif case == "no_loss":
@@ -222,7 +260,8 @@ def test_bad_targets_fail_before_any_model_work(tmp_path, tiny_lm, lm_dataset, c
         trainer_kwargs = {}
     elif case == "settings_only":
         trainer_kwargs = {}
-    config = ClusterSelectConfig(data_fraction=0.25, selection_warmup_steps=0, **kwargs)
+    kwargs = {"data_fraction": 0.25, **kwargs}
+    config = ClusterSelectConfig(selection_warmup_steps=0, **kwargs)
     trainer = _trainer(tmp_path, tiny_lm, lm_dataset, collator, config, **trainer_kwargs)
     with pytest.raises(ValueError, match=message):
         trainer.train()
@@ -254,3 +293,33 @@ def test_select_command_with_a_target_file(tmp_path, tokenizer, _tiny_lm_base):
     bad = main(["select", "--model", str(model_dir), "--dataset", str(data), "--text-column", "text",
                 "--target-column", "kind", "--output", str(tmp_path / "other")])
     assert bad == 2
+
+
+def test_select_command_names_target_options_in_its_errors(tmp_path, capsys):
+    from hf_cluster_select.commands import main
+
+    code = main(["select", "--model", str(tmp_path), "--dataset", "x.jsonl", "--text-column", "text",
+                 "--target-coverage", "1.0", "--output", str(tmp_path / "o")])
+    assert code == 2
+    assert "`--target-coverage` must be a float in [0, 1), got 1.0" in capsys.readouterr().err
+
+
+def test_resume_refuses_a_selection_made_for_another_target(tmp_path, lm_dataset, collator, _tiny_lm_base):
+    import copy
+
+    config = ClusterSelectConfig(data_fraction=0.25, selection_warmup_steps=0)
+    target = lm_dataset.select(range(4))
+    args = _args(tmp_path, save_strategy="steps", save_steps=2, num_train_epochs=2)
+    first = ClusterTrainer(model=copy.deepcopy(_tiny_lm_base), args=args, train_dataset=lm_dataset,
+                           data_collator=collator, cluster_config=config, target_dataset=target)
+    first.train()
+    checkpoint = str(tmp_path / "out" / "checkpoint-2")
+    for other in (lm_dataset.select(range(10, 14)), None):
+        again = ClusterTrainer(model=copy.deepcopy(_tiny_lm_base), args=args, train_dataset=lm_dataset,
+                               data_collator=collator, cluster_config=config, target_dataset=other)
+        with pytest.raises(ValueError, match="another target set" if other is not None else "this run has none"):
+            again.train(resume_from_checkpoint=checkpoint)
+    same = ClusterTrainer(model=copy.deepcopy(_tiny_lm_base), args=args, train_dataset=lm_dataset,
+                          data_collator=collator, cluster_config=config, target_dataset=target)
+    same.train(resume_from_checkpoint=checkpoint)
+    assert same.selection.indices.tolist() == first.selection.indices.tolist()

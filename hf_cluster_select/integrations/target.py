@@ -17,6 +17,7 @@ from ..config import ClusterSelectConfig, check_target_combination
 from ..data import example_lengths, token_digest
 from ..loss_tokens import IGNORE_INDEX
 from ..persistence import data_fingerprint
+from ..selection.budget import selection_budget
 from ..settings import TargetSettings
 
 CHECK_BATCH = 64  # target rows collated at once by the format and loss checks
@@ -24,7 +25,8 @@ CHECK_BATCH = 64  # target rows collated at once by the format and loss checks
 
 def resolve_target(config: ClusterSelectConfig, target_dataset: Any, eval_dataset: Any, *,
                    view: Callable[[Any], Any], collator: Callable[[list], Any], train_columns: list[str] | None,
-                   shift_labels: bool, prepare: Callable[[Any], Any] | None = None) -> TargetSet | None:
+                   shift_labels: bool, n_examples: int, prepare: Callable[[Any], Any] | None = None
+                   ) -> TargetSet | None:
     """The run's `TargetSet`, checked; `None` for an untargeted run.
 
     Args:
@@ -35,7 +37,9 @@ def resolve_target(config: ClusterSelectConfig, target_dataset: Any, eval_datase
         collator (`Callable`): the training collator (the feature pass collates target rows with it).
         train_columns (`list[str]` or `None`): the training view's columns (`None` = not a columnar dataset).
         shift_labels (`bool`): whether labels are shifted (causal LM: `labels[0]` never carries loss).
-        prepare (`Callable`, *optional*): the trainer's data preparation, for raw rows (TRL's tokenization).
+        n_examples (`int`): training examples (the budget is `selection_budget(n_examples, data_fraction)`).
+        prepare (`Callable`, *optional*): the trainer's data preparation, for raw rows (TRL's tokenization); it
+            must keep every row.
     Returns:
         `TargetSet` or `None`.
     Raises:
@@ -56,17 +60,34 @@ def resolve_target(config: ClusterSelectConfig, target_dataset: Any, eval_datase
                              "has no target: pass `target_dataset` or `ClusterSelectConfig(target='eval')`.")
         return None
     check_target_combination(config)
+    if source == "target_dataset" and isinstance(data, Mapping):
+        raise ValueError(f"`target_dataset` must be one dataset (name its tasks with the `target_column` setting), "
+                         f"got a {type(data).__name__} with keys {sorted(map(str, data))}.")
     rows, task_of, names = _rows_and_tasks(data, config.target_settings.target_column, source)
+    check_budget(config, n_examples, len(names))
     if prepare is not None:
         rows = prepare(rows)
         if len(rows) != task_of.size:
-            raise ValueError(f"preparing {source} changed its size from {task_of.size} to {len(rows)} examples.")
+            raise ValueError(f"preparing `{source}` dropped {task_of.size - len(rows)} of its {task_of.size} rows "
+                             "(TRL drops rows whose loss-bearing tokens truncation to `max_length` removed): raise "
+                             "`max_length` or shorten the target's prompts.")
+    _check_format(rows, train_columns, source)
     rows = view(rows)
     lengths = example_lengths(rows)
-    _check_format(rows, train_columns, source)
     _check_loss_tokens(rows, collator, task_of, names, source, shift_labels)
     return TargetSet(dataset=rows, lengths=tuple(int(n) for n in lengths), tasks=task_of, task_names=tuple(names),
                      source=source, fingerprint=data_fingerprint(lengths, token_digest(rows)))
+
+
+def check_budget(config: ClusterSelectConfig, n_examples: int, n_tasks: int) -> None:
+    """Refuse more target tasks than the target share of the budget (some tasks would get nothing)."""
+    budget = selection_budget(n_examples, config.data_fraction)
+    share = budget - min(int(round(config.target_settings.target_coverage * budget)), budget - 1)
+    if share < n_tasks:
+        raise ValueError(f"{n_tasks} target tasks but the target share of the budget is {share} examples "
+                         f"(data_fraction={config.data_fraction} of {n_examples}, target_coverage="
+                         f"{config.target_settings.target_coverage}): some tasks would get nothing. Raise "
+                         "data_fraction, lower target_coverage, or merge target tasks.")
 
 
 def _target_settings(config: ClusterSelectConfig) -> str:
@@ -83,6 +104,9 @@ def _rows_and_tasks(data: Any, column: str | None, source: str) -> tuple[Any, np
         parts = {str(k): _as_dataset(v, f"{source}[{k!r}]") for k, v in data.items()}
         if not parts:
             raise ValueError(f"`{source}` is an empty dict: the target needs at least one example.")
+        empty = [k for k, part in parts.items() if len(part) == 0]
+        if empty:
+            raise ValueError(f"`{source}[{empty[0]!r}]` is empty: every eval set used as a target task needs rows.")
         rows = datasets.concatenate_datasets(list(parts.values()))
         keys = np.repeat(np.arange(len(parts)), [len(p) for p in parts.values()])
         by_key = (keys, list(parts)) if column is None else None
@@ -97,11 +121,15 @@ def _rows_and_tasks(data: Any, column: str | None, source: str) -> tuple[Any, np
     if column not in rows.column_names:
         raise ValueError(f"`target_column` {column!r} is not a column of `{source}` (columns: "
                          f"{sorted(rows.column_names)}).")
-    values = [str(v) for v in rows.with_format(None)[column]]
-    names, task_of = np.unique(values, return_inverse=True)
+    raw = rows.with_format(None)[column]
+    missing = sum(value is None for value in raw)
+    if missing:
+        raise ValueError(f"`target_column` {column!r} has no value in {missing} of the {len(raw)} rows of `{source}`: "
+                         "name the task of every target row.")
+    names, task_of = np.unique([str(v) for v in raw], return_inverse=True)
     if names.size < 2:
-        raise ValueError(f"`target_column` {column!r} has one value ({names[0]!r}) in `{source}`: one target task "
-                         "needs no column; drop `target_column`, or give rows of several tasks.")
+        raise ValueError(f"`target_column` {column!r} has one value ({str(names[0])!r}) in `{source}`: one target "
+                         "task needs no column; drop `target_column`, or give rows of several tasks.")
     return rows, task_of.reshape(-1).astype(np.int64), [str(n) for n in names]
 
 

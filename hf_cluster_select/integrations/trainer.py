@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset
 from transformers import Trainer
 from transformers.trainer_utils import seed_worker
 
-from ..config import ClusterSelectConfig
+from ..config import ClusterSelectConfig, check_target_combination
 from ..data import INDEX_KEY, IndexCollator, IndexedDataset, LossTokensCollator, example_lengths, token_digest
 from ..feature_cache import model_config_dict
 from ..persistence import load_selection, resolve_resume_checkpoint
@@ -126,6 +126,8 @@ class ClusterSelectMixin(SelectionOutputsMixin):
             ValueError: for the bad inputs listed in the class docstring.
         """
         check_train_dataset(self.train_dataset)  # None, dict of splits, streaming, empty
+        if self.target_dataset is not None:  # before the allocation's own checks (CluSTER's needs 2 processes)
+            check_target_combination(self.cluster_config)
         args, model = self.args, self.accelerator.unwrap_model(self.model)
         lengths = example_lengths(self.train_dataset)  # untokenized data fails here, naming the columns
         facts = resolve_run_facts(
@@ -152,7 +154,8 @@ class ClusterSelectMixin(SelectionOutputsMixin):
         self._cs_target = resolve_target(
             self.cluster_config, self.target_dataset, self.eval_dataset, view=self._cs_feature_view,
             collator=collator, train_columns=getattr(dataset, "column_names", None), shift_labels=facts.shift_labels,
-            prepare=self._cs_prepare_target if self.target_dataset is not None else None)
+            n_examples=len(dataset), prepare=self._cs_prepare_target if self.target_dataset is not None else None)
+        run.target_fingerprint = None if self._cs_target is None else self._cs_target.fingerprint
         return run.plan
 
     def _cs_feature_view(self, dataset: Any) -> Any:

@@ -233,11 +233,13 @@ def _target_rows(target: Mapping[str, Any] | None) -> list[tuple[str, str, str]]
          "the examples selection was aimed at (rule "
          f"{target.get('target_rule')!r}, coverage floor {target.get('target_coverage')})"),
         ("Budget per target task", per_task or NOT_MEASURED,
+         "the budget covers every distinct example: all kept, each counted for the task it is most relevant to"
+         if target.get("all_distinct_kept") else
          f"kept examples each task picked in round-robin turns; {int(target.get('coverage_kept') or 0):,} more kept "
-         "by the coverage floor (every cluster its share)"),
+         "by the coverage floor (every cluster its share, its most relevant members)"),
         ("Relevance to the target", f"{target.get('mean_relevance_kept')} kept vs {target.get('mean_relevance_pool')}"
-                                    " all", "mean over examples and tasks of the max cosine similarity between an "
-                                            "example's feature and the task's target features"),
+                                    " all", "mean over examples of the max cosine similarity between an example's "
+                                            "feature and the target features of the task it is most relevant to"),
     ]
 
 

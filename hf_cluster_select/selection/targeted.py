@@ -112,11 +112,14 @@ def select_targeted(labels: Any, scores: Any, *, data_fraction: float, settings:
         groups (array-like of shape `[n_examples]`, int, *optional*): duplicate groups.
     Returns:
         (`Selection`, `dict`): the selection (indices sorted, weights summing to n) and what the report shows:
-        `kept_per_task` `[n_tasks]`, `coverage_kept` (examples of the floor), `cluster_relevance` `[n_clusters]`
-        (mean over members of the best task's relevance, by cluster label), `mean_relevance_kept` and
-        `mean_relevance_pool` (mean over tasks of the max-cosine relevance).
+        `kept_per_task` `[n_tasks]` (examples each task's turns picked; when the budget covers every distinct
+        example, `all_distinct_kept` is True, every candidate is kept with weight n / kept, and an example counts
+        for the task it is most relevant to), `coverage_kept` (examples of the floor), `cluster_relevance`
+        (cluster label → mean over its members of their best task's relevance), `mean_relevance_kept` and
+        `mean_relevance_pool` (the same best-task relevance, averaged over the kept / all examples).
     Raises:
-        ValueError: for mismatched shapes or negative labels.
+        ValueError: for mismatched shapes or negative labels, or a target share of the budget (budget − floor)
+            smaller than the number of target tasks.
     """
     labels = np.asarray(labels, dtype=np.int64).reshape(-1)
     scores = np.asarray(scores, dtype=np.float64)
@@ -125,12 +128,18 @@ def select_targeted(labels: Any, scores: Any, *, data_fraction: float, settings:
         raise ValueError(f"`scores` must have shape [{n}, n_tasks] and `labels` be >= 0, got {scores.shape}.")
     budget = selection_budget(n, data_fraction)
     candidates, copies = _candidates(n, deferred, groups)
-    if budget >= candidates.size:  # everything distinct is kept: nothing to rank
+    if budget >= candidates.size:  # everything distinct is kept: nothing to rank, every weight n / kept
         kept = _fill_deferred(candidates, deferred, n, budget)
-        per_task = [0] * scores.shape[1]
-        return _selection(kept, np.full(kept.size, n / kept.size), labels), _summary(
-            labels, scores, kept, per_task, 0)
-    floor = _floor(labels, scores, candidates, copies, min(int(round(settings.target_coverage * budget)), budget - 1))
+        nearest = np.bincount(scores[kept].argmax(axis=1), minlength=scores.shape[1]).tolist()
+        summary = _summary(labels, scores, kept, nearest, 0)
+        summary["all_distinct_kept"] = True
+        return _selection(kept, np.full(kept.size, n / kept.size), labels), summary
+    floor_size = min(int(round(settings.target_coverage * budget)), budget - 1)
+    if budget - floor_size < scores.shape[1]:
+        raise ValueError(f"the target share of the budget ({budget - floor_size} examples) is smaller than the number "
+                         f"of target tasks ({scores.shape[1]}): some tasks would get nothing. Raise data_fraction, "
+                         "lower target_coverage, or merge target tasks.")
+    floor = _floor(labels, scores, candidates, copies, floor_size)
     taken = np.zeros(n, dtype=bool)
     taken[floor[0]] = True
     owners = _round_robin(labels, scores, candidates, taken, budget - floor[0].size, settings.target_rule, seed)
@@ -231,5 +240,5 @@ def _summary(labels, scores, kept, per_task: list[int], coverage_kept: int) -> d
     relevance = np.bincount(position, weights=best) / np.bincount(position)
     return {"kept_per_task": per_task, "coverage_kept": coverage_kept,
             "cluster_relevance": {int(c): round(float(r), 4) for c, r in zip(clusters, relevance)},
-            "mean_relevance_kept": round(float(scores[kept].mean()), 4),
-            "mean_relevance_pool": round(float(scores.mean()), 4)}
+            "mean_relevance_kept": round(float(best[kept].mean()), 4),
+            "mean_relevance_pool": round(float(best.mean()), 4)}
