@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_HUB_DISABLE_TELEMETRY ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup demo demo-quick test test-all test-lowest benchmarks
+.PHONY: setup demo demo-quick test test-all test-lowest benchmarks benchmarks-targeted
 
 # The lowest supported transformers / TRL: setup.cfg's lower bounds and compat.py's SUPPORTED (tests/test_compat.py
 # checks that the three agree). `make test` runs the tests with the newest releases in $(VENV); `make test-lowest`
@@ -80,3 +80,14 @@ benchmarks: setup
 	$(MATHQA_2EPOCHS) --seeds 1 2 3 4 --arms $(CONVERGED_ARMS) --merge benchmarks/results/quality_mathqa_2epochs.json --out benchmarks/results/quality_mathqa_2epochs.json
 	$(BIN)/python benchmarks/cluster_scale.py
 	$(BIN)/python benchmarks/overhead.py
+
+# Targeted selection (benchmarks/README.md "Targeted selection"): NI SFT in fp32 (the grid of record; resumes where
+# it stopped), the rejected bf16-training grid with its variants (kept for the record), 20 Newsgroups fine-tune
+# (~50 min), the linear-probe tier (~5 min) and the selection overhead of a target (run it alone)
+benchmarks-targeted: setup
+	$(BIN)/python benchmarks/targeted.py --n-targets 1 4
+	$(BIN)/python benchmarks/targeted.py --bf16-train --epochs 2 --n-targets 1 2 4 --out benchmarks/results/targeted_ni_bf16.json
+	$(BIN)/python benchmarks/targeted.py --bf16-train --epochs 2 --n-targets 1 4 --fractions 0.1 --arms top_k_coverage25 top_k_weighted_mean --out benchmarks/results/targeted_ni_bf16.json
+	$(BIN)/python benchmarks/targeted_20ng.py
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/targeted_probe.py
+	$(BIN)/python benchmarks/target_overhead.py

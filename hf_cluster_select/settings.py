@@ -169,9 +169,10 @@ class TargetSettings:
     `ClusterSelectConfig(target="eval")`).
 
     Attributes:
-        target_rule (`str`, defaults to `"cluster_relevance"`): how each target task ranks the pool
-            (`registry.TARGET_RULES`): `"cluster_relevance"` takes the clusters nearest to the target first (mean
-            relevance of their members), `"top_k_cosine"` the single most similar examples (RDS+).
+        target_rule (`str`, defaults to `"top_k_cosine"`): how each target task ranks the pool
+            (`registry.TARGET_RULES`): `"top_k_cosine"` the examples most similar to the task (RDS+; chosen on
+            benchmarks/targeted.py and targeted_probe.py, where it tied or beat the alternative),
+            `"cluster_relevance"` the clusters nearest to the task first (mean relevance of their members).
         target_coverage (`float`, defaults to `0.0`): share of the budget, in [0, 1), spread over every cluster in
             proportion to its size (the most relevant members of each) before the target tasks get the rest;
             0 = everything follows the target.
@@ -181,9 +182,9 @@ class TargetSettings:
         ValueError: for an unknown rule, a coverage outside [0, 1) or an empty column name.
     """
 
-    target_rule: str = field(default="cluster_relevance", metadata={
-        "help": "How each target task ranks the pool (registry.TARGET_RULES): 'cluster_relevance' = the clusters "
-                "nearest to the target first; 'top_k_cosine' = the examples most similar to it (RDS+)."})
+    target_rule: str = field(default="top_k_cosine", metadata={
+        "help": "How each target task ranks the pool (registry.TARGET_RULES): 'top_k_cosine' = the examples most "
+                "similar to it (RDS+); 'cluster_relevance' = the clusters nearest to it first."})
     target_coverage: float = field(default=0.0, metadata={
         "help": "Share of the budget, in [0, 1), spread over every cluster in proportion to its size (the most "
                 "relevant members of each); the target tasks get the rest. 0 = everything follows the target."})

@@ -120,7 +120,7 @@ def test_a_registered_rule_is_used_and_checked():
 def test_config_takes_target_settings_and_refuses_bad_ones():
     config = ClusterSelectConfig(target="eval", strategy_kwargs={"target_coverage": 0.1, "target_column": "task"})
     assert config.target_settings == TargetSettings(target_coverage=0.1, target_column="task")
-    assert config.resolved()["target_rule"] == "cluster_relevance"
+    assert config.resolved()["target_rule"] == "top_k_cosine"
     assert ClusterSelectConfig.from_flat(config.resolved()) == config
     assert ClusterSelectConfig(target="None").target is None
     with pytest.raises(ValueError, match="`target` must be one of"):

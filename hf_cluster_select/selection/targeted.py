@@ -11,7 +11,8 @@ query examples).
 1. *Coverage floor* (`target_coverage` · budget, rounded): spread over the clusters in proportion to their size
    (`quotas.cluster_quotas`), the most relevant members of each; these stand for the pool.
 2. *Target share* (the rest): split equally over the target tasks, which take turns (round-robin, RDS+ Sec. 3.2)
-   picking their next not-yet-kept example in the order their target rule (`registry.TARGET_RULES`) ranks the pool.
+   picking their next not-yet-kept example in the order their target rule (`registry.TARGET_RULES`) ranks the pool:
+   `top_k_cosine` (default: by relevance) or `cluster_relevance` (clusters by the mean relevance of their members).
 
 Duplicate groups (`ClusteringResult.groups`) are one candidate each (their lowest-index copy), so a repeated row
 takes one slot; examples without a loss-bearing token (`deferred`) are kept only when the budget needs them.
