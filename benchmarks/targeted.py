@@ -366,6 +366,7 @@ def _sd(values) -> float:
 def summarise(result: dict) -> list[dict]:
     """Per (n_targets, fraction): mean ± sd per arm, the paired differences of targeted and the gap closed."""
     cells = result["cells"]
+    runs = {run_key(r["arm"], r["fraction"], r["seed"], r["targets"]): r for r in result["runs"]}
     rows = []
     for k in result["settings"]["n_targets"]:
         for fraction in result["settings"]["fractions"]:
@@ -412,8 +413,14 @@ def summarise(result: dict) -> list[dict]:
                                     room_per_seed=room, room_mean=float(np.mean(room)))
             same = [x for x in sorted(set(by.get("targeted", {})) & set(by.get("top_k_cosine", {})))
                     if all(by["targeted"][x][m] == by["top_k_cosine"][x][m] for m in ("loss_target", "loss_other"))]
+            overlap = {}  # share of targeted's kept rows that top_k_cosine also kept (runs that stored `kept`)
+            for x in sorted(set(by.get("targeted", {})) & set(by.get("top_k_cosine", {}))):
+                mine_run, other_run = (runs.get(run_key(a, fraction, x, draw_targets(x, k)))
+                                       for a in ("targeted", "top_k_cosine"))
+                if mine_run and other_run and mine_run.get("kept") and other_run.get("kept"):
+                    overlap[x] = len(set(mine_run["kept"]) & set(other_run["kept"])) / len(set(mine_run["kept"]))
             rows.append(dict(n_target_skills=k, fraction=fraction, arms=arms, paired=paired, gap_closed=gap,
-                             targeted_equals_top_k_seeds=same))
+                             targeted_equals_top_k_seeds=same, kept_overlap_with_top_k=overlap))
     return rows
 
 
@@ -489,7 +496,10 @@ def markdown(result: dict) -> str:
                     lines.append(f"| {key.replace('-', ' − ')} | {d['mean']:+.3f} ± {d['sd']:.3f} | "
                                  f"{_per_seed(d['per_seed'])} | {_signs(d['per_seed'])} | {d['other_mean']:+.3f} "
                                  f"({_per_seed(d['other_per_seed'])}) |")
-        if row.get("targeted_equals_top_k_seeds"):
+        if row.get("kept_overlap_with_top_k"):
+            lines += ["", "Kept rows shared by targeted and top_k_cosine (share of targeted's): " + ", ".join(
+                f"seed {x}: {v:.0%}" for x, v in row["kept_overlap_with_top_k"].items()) + "."]
+        elif row.get("targeted_equals_top_k_seeds"):
             lines += ["", f"targeted and top_k_cosine trained identically (the same losses to the last digit: the "
                       f"same kept rows) on seed(s) {', '.join(map(str, row['targeted_equals_top_k_seeds']))}."]
         g = row["gap_closed"]
