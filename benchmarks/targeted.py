@@ -8,8 +8,8 @@ target skills, at the random subset's optimizer steps?
 
 Task (issue 21): the 16-skill Natural-Instructions sample (`probe_data.NI_PATHS`), SmolLM2-135M-Instruct with LoRA
 r = 8 on q/v (`quality_tasks.load_ni`'s model and collator, reused), prompt = the skill's one-sentence instruction
-(`quality_tasks.task_instruction`, ≤ 48 tokens) + input (last ≤ 80 tokens), loss on the target (≤ 40 tokens + EOS),
-tokenized exactly as `load_ni` tokenizes a row. Per skill, one permutation of its examples seeded by
+(`quality_tasks.task_instruction`, ≤ 48 tokens) + input (last ≤ 80 tokens), loss on the target (≤ 40 tokens +
+EOS), tokenized exactly as `load_ni` tokenizes a row. Per skill, one permutation of its examples seeded by
 `quality_tasks.POOL_SEED` (the same permutation as `load_ni`'s) gives, in this order, `--pool` pool rows, `--eval`
 held-out evaluation rows and 8 target rows; pool, evaluation and target rows never overlap, and the pool is the
 same for every seed and target.
@@ -438,7 +438,8 @@ def markdown(result: dict) -> str:
     lines = [
         f"# Targeted selection on Natural-Instructions SFT ({'quick smoke run' if result.get('quick') else 'grid'})",
         "",
-        f"Pool: {s['pool_per_skill']} rows × 16 skills = {result['n_pool']} rows; held-out: {s['eval_per_skill']} rows "
+        f"Pool: {s['pool_per_skill']} rows × 16 skills = {result['n_pool']} rows; "
+        f"held-out: {s['eval_per_skill']} rows "
         f"per skill (other skills: the first {s['other_eval']}); target: {TARGET_PER_SKILL} rows per target skill "
         "(kept out of pool and evaluation). SmolLM2-135M-Instruct, LoRA r=8 on q/v; "
         f"recipe: {recipe['num_train_epochs']:g} epoch(s), LR {recipe['learning_rate']:g} (linear, 10 % warm-up), "
@@ -446,7 +447,8 @@ def markdown(result: dict) -> str:
         f"{s['threads']} thread(s). "
         "Every arm trains the same optimizer steps (ClusterTrainer arms: `selection_warmup_steps=0`, features from "
         "the base model), except `full` (all rows; trained once, seed 0, read on each seed's target draw). "
-        f"Seeds {', '.join(map(str, s['seeds']))}; target skills drawn per seed (`default_rng([seed, n_targets, 21])`).",
+        f"Seeds {', '.join(map(str, s['seeds']))}; target skills drawn per seed "
+        "(`default_rng([seed, n_targets, 21])`).",
         "",
         "Loss = mean target-token cross-entropy on held-out rows (nats, lower is better), averaged per skill then over "
         "skills. Differences are loss differences, `arm − baseline`: **negative = targeted better**; signs per seed "
@@ -482,7 +484,8 @@ def markdown(result: dict) -> str:
                 steps_bad.append(f"{arm} at {k} targets, f = {f:g}")
             name = "full (seed 0, all rows)" if arm == "full" else arm
             seeds = f"1 run, {a['n_seeds']} draws" if arm == "full" else a["n_seeds"]
-            lines.append(f"| {name} | {seeds} | {a['loss_target']:.3f} ± {a['loss_target_sd']:.3f} | {a['loss_other']:.3f} ± "
+            lines.append(f"| {name} | {seeds} | {a['loss_target']:.3f} ± {a['loss_target_sd']:.3f} | "
+                         f"{a['loss_other']:.3f} ± "
                          f"{a['loss_other_sd']:.3f} | {'/'.join(map(str, a['steps']))}{flag} | "
                          f"{a['kept_target_rows']:.1f} ({a['n_kept']:.0f}) | {a['seconds']:.0f} |")
         p = row["paired"]
@@ -654,13 +657,12 @@ def main(argv: list[str] | None = None) -> int:
     if os.path.exists(out):
         with open(out, encoding="utf-8") as handle:
             earlier = json.load(handle)
-        same = (earlier.get("recipe") == json.loads(json.dumps(recipe)) and all(
-            earlier["settings"].get(k) == settings[k]
-            for k in ("pool_per_skill", "eval_per_skill", "other_eval", "precision")))
+        keys = ("pool_per_skill", "eval_per_skill", "other_eval", "precision")
+        same = (earlier.get("recipe") == json.loads(json.dumps(recipe))
+                and all(earlier["settings"].get(k) == settings[k] for k in keys))
         if not same:
             parser.error(f"{out} holds another recipe or data setting ({earlier.get('recipe')}, "
-                         f"{ {k: earlier['settings'].get(k) for k in ('pool_per_skill', 'eval_per_skill', 'other_eval')} }"
-                         "); pass --out for a new file")
+                         f"{ {k: earlier['settings'].get(k) for k in keys} }); pass --out for a new file")
         result["runs"] = earlier["runs"]
         merged = dict(earlier["settings"])  # a rerun may widen the grid: keep every seed/fraction/arm measured
         for key in ("fractions", "seeds", "n_targets"):
