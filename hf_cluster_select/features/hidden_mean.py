@@ -19,15 +19,15 @@ class HiddenMean:
         return hidden
 
 
-_DOC = """Per-example mean over loss-bearing tokens of the output head's input `h_t` (RDS+-style).
-
+_CALL_DOC = """
     Args:
         model, dataset, indices, collate_fn, **kwargs: see `head_pass.feature_pass`.
     Returns:
         `FeatureOutput`: features `[n, H]`.
     Raises:
         TypeError, ValueError: see `head_pass.feature_pass`.
-    """
+    """  # the arguments, output and errors of both signals here
+_DOC = "Per-example mean over loss-bearing tokens of the output head's input `h_t` (RDS+-style).\n" + _CALL_DOC
 hidden_mean_features = FEATURES.register("hidden_mean")(signal_features(lambda kwargs: HiddenMean(), _DOC, "hidden_mean_features"))
 
 
@@ -41,13 +41,6 @@ _WEIGHTED_DOC = """Per-example position-weighted mean over loss-bearing tokens o
     loss-bearing token weighs t, so later tokens (which have seen more of the answer) count more — the pooling of
     RDS+ (Ivison et al., arXiv 2503.01807, Sec. 3; their `compute_influence_cosinesim.py`). Features are returned
     as `sum_t t · h_t / c` (c = loss tokens), the position-weighted mean times (c + 1) / 2: the same direction.
-
-    Args:
-        model, dataset, indices, collate_fn, **kwargs: see `head_pass.feature_pass`.
-    Returns:
-        `FeatureOutput`: features `[n, H]`.
-    Raises:
-        TypeError, ValueError: see `head_pass.feature_pass`.
-    """
+""" + _CALL_DOC
 hidden_weighted_mean_features = FEATURES.register("hidden_weighted_mean")(
     signal_features(lambda kwargs: HiddenWeightedMean(), _WEIGHTED_DOC, "hidden_weighted_mean_features"))

@@ -18,6 +18,7 @@ from ..data import example_lengths, token_digest
 from ..loss_tokens import IGNORE_INDEX
 from ..persistence import data_fingerprint
 from ..selection.budget import selection_budget
+from ..selection.targeted import coverage_floor
 from ..settings import TargetSettings
 
 CHECK_BATCH = 64  # target rows collated at once by the format and loss checks
@@ -82,7 +83,7 @@ def resolve_target(config: ClusterSelectConfig, target_dataset: Any, eval_datase
 def check_budget(config: ClusterSelectConfig, n_examples: int, n_tasks: int) -> None:
     """Refuse more target tasks than the target share of the budget (some tasks would get nothing)."""
     budget = selection_budget(n_examples, config.data_fraction)
-    share = budget - min(int(round(config.target_settings.target_coverage * budget)), budget - 1)
+    share = budget - coverage_floor(budget, config.target_settings.target_coverage)
     if share < n_tasks:
         raise ValueError(f"{n_tasks} target tasks but the target share of the budget is {share} examples "
                          f"(data_fraction={config.data_fraction} of {n_examples}, target_coverage="

@@ -98,6 +98,11 @@ def top_k_cosine(scores: np.ndarray, labels: np.ndarray, rng: np.random.Generato
     return np.lexsort((np.arange(scores.size), -scores))
 
 
+def coverage_floor(budget: int, target_coverage: float) -> int:
+    """Examples of the coverage floor: `round(target_coverage · budget)`, leaving the target tasks at least one."""
+    return min(int(round(target_coverage * budget)), budget - 1)
+
+
 def select_targeted(labels: Any, scores: Any, *, data_fraction: float, settings: TargetSettings,
                     seed: int = ClusterSelectConfig.selection_seed, deferred: Any = None,
                     groups: Any = None) -> tuple[Selection, dict]:
@@ -135,7 +140,7 @@ def select_targeted(labels: Any, scores: Any, *, data_fraction: float, settings:
         summary = _summary(labels, scores, kept, nearest, 0)
         summary["all_distinct_kept"] = True
         return _selection(kept, np.full(kept.size, n / kept.size), labels), summary
-    floor_size = min(int(round(settings.target_coverage * budget)), budget - 1)
+    floor_size = coverage_floor(budget, settings.target_coverage)
     if budget - floor_size < scores.shape[1]:
         raise ValueError(f"the target share of the budget ({budget - floor_size} examples) is smaller than the number "
                          f"of target tasks ({scores.shape[1]}): some tasks would get nothing. Raise data_fraction, "
