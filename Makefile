@@ -85,7 +85,7 @@ benchmarks: setup
 # it stopped), the rejected bf16-training grid with its variants (kept for the record), 20 Newsgroups fine-tune
 # (~50 min), the linear-probe tier (~5 min) and the selection overhead of a target (run it alone)
 benchmarks-targeted: setup
-	$(BIN)/python benchmarks/targeted.py --n-targets 1 4
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/targeted.py
 	$(BIN)/python benchmarks/targeted.py --bf16-train --epochs 2 --n-targets 1 2 4 --out benchmarks/results/targeted_ni_bf16.json
 	$(BIN)/python benchmarks/targeted.py --bf16-train --epochs 2 --n-targets 1 4 --fractions 0.1 --arms top_k_coverage25 top_k_weighted_mean --out benchmarks/results/targeted_ni_bf16.json
 	$(BIN)/python benchmarks/targeted_20ng.py
