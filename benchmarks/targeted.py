@@ -91,12 +91,13 @@ import bench_io  # noqa: E402
 import probe_data  # noqa: E402
 import quality_tasks  # noqa: E402
 
-ARMS = ("random", "balanced_random", "untargeted", "targeted", "top_k_cosine", "top_k_coverage25",
-        "top_k_weighted_mean", "upper_bound", "full")
+ARMS = ("random", "balanced_random", "untargeted", "targeted", "top_k_cosine", "relevant_sample",
+        "top_k_coverage25", "top_k_weighted_mean", "upper_bound", "full")
 DEFAULT_ARMS = ("random", "balanced_random", "untargeted", "targeted", "top_k_cosine", "upper_bound", "full")
 SHARED_ARMS = ("random", "balanced_random", "untargeted", "full")  # do not depend on the target skills
 # ClusterTrainer arms with a target: their config fields and settings (`ClusterSelectConfig.from_flat`)
 TARGET_RULES = {"targeted": {"target_rule": "cluster_relevance"}, "top_k_cosine": {"target_rule": "top_k_cosine"},
+                "relevant_sample": {"target_rule": "relevant_sample"},
                 "top_k_coverage25": {"target_rule": "top_k_cosine", "target_coverage": 0.25},
                 "top_k_weighted_mean": {"target_rule": "top_k_cosine", "feature": "hidden_weighted_mean",
                                         "feature_layers": 20}}  # RDS+'s pooling, after the blocks 'auto' takes

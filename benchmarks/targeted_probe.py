@@ -72,7 +72,7 @@ SPACES = ("badge", "emb")
 
 
 @TARGET_RULES.register("bench_cluster_max")
-def cluster_max(scores, labels, rng):
+def cluster_max(scores, labels, rng, **_):
     """Local candidate: clusters by the relevance of their best member (not the mean), members by relevance."""
     _, position = np.unique(labels, return_inverse=True)
     best = np.full(position.max() + 1, -np.inf)

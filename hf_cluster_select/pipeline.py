@@ -23,7 +23,8 @@ from .feature_cache import FeatureCache
 from .features import FEATURES
 from .features.proxy import truncated_layers
 from .reporting.feature_map import feature_map_points
-from .selection import cluster_features, relevance_scores, select_subset, select_targeted
+from .selection import (cluster_features, relevance_scores, select_subset, select_targeted,
+                        target_self_relevance)
 from .validation import check_loss_tokens
 
 logger = logging.getLogger(__name__)
@@ -149,12 +150,15 @@ def _select_for_target(result: ClusteringResult, features: Any, target: TargetSe
         raise ValueError(f"target task(s) {empty} have no loss-bearing token (every label -100): the target set "
                          "must show what the model should produce.")
     scores = relevance_scores(np.asarray(features), np.asarray(target_features)[usable], target.tasks[usable])
+    thresholds = target_self_relevance(np.asarray(target_features)[usable], target.tasks[usable])
     chosen, summary = select_targeted(result.labels, scores, data_fraction=config.data_fraction,
                                       settings=config.target_settings, seed=config.selection_seed,
-                                      deferred=np.asarray(result.raw_labels) == NO_LOSS_LABEL, groups=result.groups)
+                                      deferred=np.asarray(result.raw_labels) == NO_LOSS_LABEL, groups=result.groups,
+                                      thresholds=thresholds)
     summary.update(source=target.source, task_names=list(target.task_names),
                    n_target_per_task=np.bincount(target.tasks, minlength=target.n_tasks).tolist(),
                    target_rule=config.target_settings.target_rule,
+                   self_relevance=[None if not np.isfinite(t) else round(float(t), 4) for t in thresholds],
                    target_coverage=config.target_settings.target_coverage)
     return chosen, summary
 

@@ -12,7 +12,7 @@ from transformers import TrainingArguments
 
 from hf_cluster_select import ClusterSelectConfig, ClusterTrainer
 from hf_cluster_select.registry import TARGET_RULES
-from hf_cluster_select.selection import relevance_scores, select_targeted
+from hf_cluster_select.selection import relevance_scores, select_targeted, target_self_relevance
 from hf_cluster_select.settings import TargetSettings
 
 
@@ -103,11 +103,11 @@ def test_a_budget_that_covers_every_distinct_example_keeps_them_all_and_says_so(
 
 def test_a_registered_rule_is_used_and_checked():
     @TARGET_RULES.register("reverse_for_test")
-    def reverse(scores, labels, rng):
+    def reverse(scores, labels, rng, **_):
         return np.arange(scores.size)[::-1]
 
     @TARGET_RULES.register("broken_for_test")
-    def broken(scores, labels, rng):
+    def broken(scores, labels, rng, **_):
         return np.zeros(scores.size, dtype=np.int64)
 
     labels, scores = np.zeros(10, dtype=np.int64), np.zeros((10, 1))
@@ -323,3 +323,43 @@ def test_resume_refuses_a_selection_made_for_another_target(tmp_path, lm_dataset
                           data_collator=collator, cluster_config=config, target_dataset=target)
     same.train(resume_from_checkpoint=checkpoint)
     assert same.selection.indices.tolist() == first.selection.indices.tolist()
+
+
+def test_self_relevance_is_the_quantile_of_nearest_target_neighbours():
+    target = np.array([[1.0, 0.0], [0.8, 0.6], [0.6, 0.8], [0.0, 1.0], [1.0, 1.0]])
+    tasks = np.array([0, 0, 0, 0, 1])
+    # task 0's nearest-neighbour cosines: 0.8, 0.96, 0.96, 0.8 -> 25th percentile 0.8; task 1 has one example
+    got = target_self_relevance(target, tasks)
+    assert got[0] == pytest.approx(0.8) and got[1] == np.inf
+    assert target_self_relevance(target, tasks, quantile=1.0)[0] == pytest.approx(0.96)
+    with pytest.raises(ValueError, match="tasks"):
+        target_self_relevance(target, tasks[:3])
+
+
+def test_relevant_sample_draws_from_the_region_then_follows_relevance():
+    scores = np.array([0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.5, 0.4, 0.3, 0.2])
+    labels = np.zeros(10, dtype=np.int64)
+    rule = TARGET_RULES.get("relevant_sample")
+    # region: scores >= 0.9 → 6 candidates, capped at 2 · share = 4 (the 4 most relevant), in a seeded random order
+    order = rule(scores, labels, np.random.default_rng(0), share=2, threshold=0.9)
+    assert sorted(order[:4].tolist()) == [0, 1, 2, 3] and order[4:].tolist() == [4, 5, 6, 7, 8, 9]
+    assert order[:4].tolist() == np.random.default_rng(0).permutation([0, 1, 2, 3]).tolist()
+    # a region smaller than the share (or no threshold) is the share's nearest: top_k_cosine exactly
+    for threshold in (0.97, np.inf):
+        assert rule(scores, labels, np.random.default_rng(0), share=3, threshold=threshold).tolist() == list(range(10))
+
+
+def test_select_targeted_passes_each_task_its_threshold_and_share():
+    seen = []
+
+    @TARGET_RULES.register("record_for_test")
+    def record(scores, labels, rng, *, share, threshold):
+        seen.append((share, threshold))
+        return np.lexsort((np.arange(scores.size), -scores))
+
+    scores = np.random.default_rng(1).random((40, 2))
+    settings = TargetSettings(target_rule="record_for_test")
+    select_targeted(np.zeros(40, dtype=np.int64), scores, data_fraction=0.25, settings=settings, thresholds=[0.3, 0.7])
+    assert seen == [(5, 0.3), (5, 0.7)]  # budget 10 over 2 tasks
+    with pytest.raises(ValueError, match="thresholds"):
+        select_targeted(np.zeros(40, dtype=np.int64), scores, data_fraction=0.25, settings=settings, thresholds=[0.3])

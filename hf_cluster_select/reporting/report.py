@@ -96,7 +96,9 @@ class SelectionReport:
             `task_names`, `n_target_per_task` (target examples per task), `kept_per_task` (budget each task's
             round-robin turns took), `coverage_kept` (the coverage floor's examples), `cluster_relevance` (cluster →
             mean max-cosine relevance of its members to the nearest task), `mean_relevance_kept` /
-            `mean_relevance_pool`, `target_rule`, `target_coverage`, `features_from_cache`; `None` = untargeted.
+            `mean_relevance_pool`, `target_rule`, `target_coverage`, `self_relevance` (per task, the relevant region's
+            threshold, `selection.target_self_relevance`; `None` for a one-example task), `features_from_cache`;
+            `None` = untargeted.
     """
 
     n_examples: int

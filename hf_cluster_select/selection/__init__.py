@@ -16,7 +16,7 @@ from .clusterers import CLUSTERERS, ClusterFit
 from .quotas import cluster_quotas
 from .select import select_from_labels, select_subset
 from .within_cluster import WITHIN_CLUSTER_RULES
-from .targeted import relevance_scores, select_targeted
+from .targeted import relevance_scores, select_targeted, target_self_relevance
 from . import coverage_rules, signal_rules, targeted  # noqa: E402,F401  (register their rules)
 
 __all__ = [
@@ -29,5 +29,6 @@ __all__ = [
     "select_subset",
     "select_targeted",
     "relevance_scores",
+    "target_self_relevance",
     "selection_budget",
 ]

@@ -12,7 +12,15 @@ query examples).
    (`quotas.cluster_quotas`), the most relevant members of each; these stand for the pool.
 2. *Target share* (the rest): split equally over the target tasks, which take turns (round-robin, RDS+ Sec. 3.2)
    picking their next not-yet-kept example in the order their target rule (`registry.TARGET_RULES`) ranks the pool:
-   `top_k_cosine` (default: by relevance) or `cluster_relevance` (clusters by the mean relevance of their members).
+   `top_k_cosine` (by relevance, RDS+), `relevant_sample` (a seeded random sample of the task's *relevant region*,
+   see below) or `cluster_relevance` (clusters by the mean relevance of their members).
+
+The relevant region of a task: the pool examples at least as close to it as its own target examples are to each
+other, `relevance >= target_self_relevance(...)` (the 25th percentile, over the task's target examples, of their
+largest cosine to another target example of the task), capped at twice the task's share of the budget and never
+smaller than the share. `relevant_sample` keeps a random sample of the region (nearest first after it): the rows
+nearest a handful of target examples are alike, and on `benchmarks/targeted.py` a sample of the region taught the
+held-out rows of the task more than the nearest rows did.
 
 Duplicate groups (`ClusteringResult.groups`) are one candidate each (their lowest-index copy), so a repeated row
 takes one slot; examples without a loss-bearing token (`deferred`) are kept only when the budget needs them.
@@ -23,9 +31,10 @@ budget, split over its clusters by their size. So the weighted kept set stands f
 (plus the floor's share of the pool), not for the pool; with one task and no floor every weight is n / budget and
 the loss weights are all 1.
 
-A target rule is a function `rule(scores [n_candidates], labels [n_candidates], rng) -> order [n_candidates]` that
-ranks the candidates for one target task (`scores`: their relevance to it; `labels`: their clusters); register one
-with `@TARGET_RULES.register("name")`.
+A target rule is a function `rule(scores [n_candidates], labels [n_candidates], rng, *, share, threshold) -> order
+[n_candidates]` that ranks the candidates for one target task (`scores`: their relevance to it; `labels`: their
+clusters; `share`: how many examples the task will take, int; `threshold`: its self-relevance, float, `inf` when
+unknown); register one with `@TARGET_RULES.register("name")`.
 """
 
 from __future__ import annotations
@@ -71,6 +80,34 @@ def relevance_scores(pool: Any, target: Any, tasks: Any, chunk_rows: int = 4096)
     return scores
 
 
+def target_self_relevance(target: Any, tasks: Any, quantile: float = 0.25) -> np.ndarray:
+    """How close each target task's examples are to each other: per task, the `quantile` over its target examples of
+    their largest cosine similarity to another example of the same task (the relevant region's threshold).
+
+    Args:
+        target (array-like of shape `[n_target, dim]`): target features.
+        tasks (array-like of shape `[n_target]`, int): task of every target row, `0..n_tasks-1`, each present.
+        quantile (`float`, *optional*, defaults to `0.25`): the percentile / 100, in [0, 1].
+    Returns:
+        `np.ndarray` of shape `[n_tasks]`, float64; `inf` for a task with a single target example (no region: its
+        rule keeps the nearest examples).
+    Raises:
+        ValueError: for a target that is not 2-D or tasks that do not match its rows.
+    """
+    target = _unit_rows(target, "target")
+    tasks = np.asarray(tasks).reshape(-1)
+    if tasks.shape != (target.shape[0],) or tasks.size == 0:
+        raise ValueError(f"`tasks` must have shape [{target.shape[0]}], got {tasks.shape}.")
+    out = np.full(int(tasks.max()) + 1, np.inf)
+    for task in range(out.size):
+        rows = target[tasks == task]
+        if rows.shape[0] > 1:
+            similarity = rows @ rows.T
+            np.fill_diagonal(similarity, -np.inf)
+            out[task] = float(np.quantile(similarity.max(axis=1), quantile))
+    return out
+
+
 def _unit_rows(values: Any, name: str) -> np.ndarray:
     """`values` `[n, d]` as float32 rows of unit L2 norm (non-finite or zero rows become 0)."""
     rows = np.asarray(values, dtype=np.float32)
@@ -82,7 +119,7 @@ def _unit_rows(values: Any, name: str) -> np.ndarray:
 
 
 @TARGET_RULES.register("cluster_relevance")
-def cluster_relevance(scores: np.ndarray, labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def cluster_relevance(scores: np.ndarray, labels: np.ndarray, rng: np.random.Generator, **_: Any) -> np.ndarray:
     """Clusters by the mean relevance of their members, most relevant first; within a cluster, members by relevance
     (ties: lower position). A cluster is the unit of relevance, so one stray example near a target point does not
     pull in its neighbourhood, and the kept examples cover the target's region rather than its nearest points."""
@@ -92,10 +129,26 @@ def cluster_relevance(scores: np.ndarray, labels: np.ndarray, rng: np.random.Gen
 
 
 @TARGET_RULES.register("top_k_cosine")
-def top_k_cosine(scores: np.ndarray, labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def top_k_cosine(scores: np.ndarray, labels: np.ndarray, rng: np.random.Generator, **_: Any) -> np.ndarray:
     """The candidates by relevance alone, highest first (ties: lower position): RDS+'s selection (Ivison et al.,
     arXiv 2503.01807), clusters ignored."""
     return np.lexsort((np.arange(scores.size), -scores))
+
+
+REGION_CAP = 2  # the relevant region holds at most this many times the task's share
+
+
+@TARGET_RULES.register("relevant_sample")
+def relevant_sample(scores: np.ndarray, labels: np.ndarray, rng: np.random.Generator, *, share: int,
+                    threshold: float) -> np.ndarray:
+    """The task's relevant region (candidates with `scores >= threshold`, at most `REGION_CAP` · `share` of them,
+    the most relevant) in a random order drawn from `rng`, then the rest by relevance. When the region is no larger
+    than the share this is `top_k_cosine` (the share's nearest candidates)."""
+    order = top_k_cosine(scores, labels, rng)
+    size = min(REGION_CAP * int(share), int(np.count_nonzero(scores >= threshold)))
+    if size <= share:
+        return order
+    return np.concatenate([rng.permutation(order[:size]), order[size:]])
 
 
 def coverage_floor(budget: int, target_coverage: float) -> int:
@@ -105,7 +158,7 @@ def coverage_floor(budget: int, target_coverage: float) -> int:
 
 def select_targeted(labels: Any, scores: Any, *, data_fraction: float, settings: TargetSettings,
                     seed: int = ClusterSelectConfig.selection_seed, deferred: Any = None,
-                    groups: Any = None) -> tuple[Selection, dict]:
+                    groups: Any = None, thresholds: Any = None) -> tuple[Selection, dict]:
     """Keep exactly `selection_budget(n, data_fraction)` examples for the target tasks (see the module docstring).
 
     Args:
@@ -116,6 +169,8 @@ def select_targeted(labels: Any, scores: Any, *, data_fraction: float, settings:
         seed (`int`, *optional*, defaults to `ClusterSelectConfig.selection_seed`): seed of the rule's RNG.
         deferred (array-like of shape `[n_examples]`, bool, *optional*): examples without a loss-bearing token.
         groups (array-like of shape `[n_examples]`, int, *optional*): duplicate groups.
+        thresholds (array-like of shape `[n_tasks]`, *optional*): `target_self_relevance` of every task, the
+            relevant region's threshold (the rules get it as `threshold`); `None` = `inf` (no region).
     Returns:
         (`Selection`, `dict`): the selection (indices sorted, weights summing to n) and what the report shows:
         `kept_per_task` `[n_tasks]` (examples each task's turns picked; when the budget covers every distinct
@@ -124,7 +179,7 @@ def select_targeted(labels: Any, scores: Any, *, data_fraction: float, settings:
         (cluster label → mean over its members of their best task's relevance), `mean_relevance_kept` and
         `mean_relevance_pool` (the same best-task relevance, averaged over the kept / all examples).
     Raises:
-        ValueError: for mismatched shapes or negative labels, or a target share of the budget (budget − floor)
+        ValueError: for mismatched shapes (`scores`, `labels`, `thresholds`) or negative labels, or a target share of the budget (budget − floor)
             smaller than the number of target tasks.
     """
     labels = np.asarray(labels, dtype=np.int64).reshape(-1)
@@ -132,6 +187,9 @@ def select_targeted(labels: Any, scores: Any, *, data_fraction: float, settings:
     n = labels.size
     if scores.ndim != 2 or scores.shape[0] != n or scores.shape[1] < 1 or (labels < 0).any():
         raise ValueError(f"`scores` must have shape [{n}, n_tasks] and `labels` be >= 0, got {scores.shape}.")
+    thresholds = np.full(scores.shape[1], np.inf) if thresholds is None else np.asarray(thresholds, float).reshape(-1)
+    if thresholds.shape != (scores.shape[1],):
+        raise ValueError(f"`thresholds` must have shape [{scores.shape[1]}], got {thresholds.shape}.")
     budget = selection_budget(n, data_fraction)
     candidates, copies = _candidates(n, deferred, groups)
     if budget >= candidates.size:  # everything distinct is kept: nothing to rank, every weight n / kept
@@ -148,7 +206,8 @@ def select_targeted(labels: Any, scores: Any, *, data_fraction: float, settings:
     floor = _floor(labels, scores, candidates, copies, floor_size)
     taken = np.zeros(n, dtype=bool)
     taken[floor[0]] = True
-    owners = _round_robin(labels, scores, candidates, taken, budget - floor[0].size, settings.target_rule, seed)
+    owners = _round_robin(labels, scores, candidates, taken, budget - floor[0].size, settings.target_rule, seed,
+                          thresholds)
     target_mass = n * (budget - floor[0].size) / budget
     weights = np.zeros(n)
     per_task = []
@@ -205,14 +264,17 @@ def _floor(labels, scores, candidates, copies, size: int) -> tuple[np.ndarray, n
     return np.concatenate(chosen), np.concatenate(mass)
 
 
-def _round_robin(labels, scores, candidates, taken, budget: int, rule_name: str, seed: int) -> list[np.ndarray]:
+def _round_robin(labels, scores, candidates, taken, budget: int, rule_name: str, seed: int,
+                 thresholds: np.ndarray) -> list[np.ndarray]:
     """The target share: tasks take turns picking their next untaken candidate in their rule's order until
     `budget` are picked (a task whose order is used up drops out). Returns the positions each task picked."""
     rule = TARGET_RULES.get(rule_name)
+    share = -(-budget // scores.shape[1])  # what each task takes, the first ones one more
     orders = []
     for task in range(scores.shape[1]):
         rng = np.random.default_rng([int(seed) % 2**64, task])
-        order = np.asarray(rule(scores[candidates, task], labels[candidates], rng)).reshape(-1)
+        order = np.asarray(rule(scores[candidates, task], labels[candidates], rng, share=share,
+                                threshold=float(thresholds[task]))).reshape(-1)
         if order.shape != (candidates.size,) or np.unique(order).size != candidates.size:
             raise ValueError(f"target rule {rule_name!r} must return a permutation of its {candidates.size} "
                              f"candidates, got {order.size} positions.")
