@@ -36,11 +36,13 @@ sys.path.insert(0, HERE)
 import bench_io  # noqa: E402
 import probe_data  # noqa: E402
 import quality_tasks  # noqa: E402
-from targeted import _sd, _signs, stock_indices  # noqa: E402
+from targeted import stock_indices  # noqa: E402
+from targeted_report import _sd, _signs  # noqa: E402
 
 ARMS = ("random", "balanced_random", "untargeted", "cluster_relevance", "top_k_cosine", "top_k_cosine_cov25",
-        "upper_bound", "full")  # untargeted: ClusterTrainer without a target
+        "relevant_sample", "upper_bound", "full")  # untargeted: ClusterTrainer without a target
 TARGET_ARMS = {"cluster_relevance": ("cluster_relevance", 0.0), "top_k_cosine": ("top_k_cosine", 0.0),
+               "relevant_sample": ("relevant_sample", 0.0),
                "top_k_cosine_cov25": ("top_k_cosine", 0.25)}  # arm: (target_rule, target_coverage)
 PAIRS = [(a, b) for a in TARGET_ARMS for b in ("random", "balanced_random", "top_k_cosine") if a != b] + [
     ("untargeted", "random"), ("balanced_random", "random"), ("upper_bound", "random")]

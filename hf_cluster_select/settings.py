@@ -171,7 +171,9 @@ class TargetSettings:
     Attributes:
         target_rule (`str`, defaults to `"top_k_cosine"`): how each target task ranks the pool
             (`registry.TARGET_RULES`): `"top_k_cosine"` the examples most similar to the task (RDS+; chosen on
-            benchmarks/targeted.py and targeted_probe.py, where it tied or beat the alternative),
+            benchmarks/targeted.py and targeted_probe.py, where it tied or beat the alternatives),
+            `"relevant_sample"` a seeded random sample of the task's relevant region (pool examples at least as
+            close to the task as its target examples are to each other; mixed against top-k, not the default),
             `"cluster_relevance"` the clusters nearest to the task first (mean relevance of their members).
         target_coverage (`float`, defaults to `0.0`): share of the budget, in [0, 1), spread over every cluster in
             proportion to its size (the most relevant members of each) before the target tasks get the rest;
@@ -184,7 +186,8 @@ class TargetSettings:
 
     target_rule: str = field(default="top_k_cosine", metadata={
         "help": "How each target task ranks the pool (registry.TARGET_RULES): 'top_k_cosine' = the examples most "
-                "similar to it (RDS+); 'cluster_relevance' = the clusters nearest to it first."})
+                "similar to it (RDS+); 'relevant_sample' = a random sample of the examples as close to it as its "
+                "own examples are to each other; 'cluster_relevance' = the clusters nearest to it first."})
     target_coverage: float = field(default=0.0, metadata={
         "help": "Share of the budget, in [0, 1), spread over every cluster in proportion to its size (the most "
                 "relevant members of each); the target tasks get the rest. 0 = everything follows the target."})
