@@ -94,11 +94,12 @@ from targeted_report import (FOCAL_ARMS, N_SKILLS, N_TARGETS, SHARED_ARMS, TARGE
                              draw_targets, finish, markdown, run_key)
 
 ARMS = ("random", "balanced_random", "untargeted", "targeted", "top_k_cosine", "relevant_sample",
-        "top_k_coverage25", "top_k_weighted_mean", "upper_bound", "full")
+        "top_k_coverage25", "top_k_weighted_mean", "top_k_unbalanced", "upper_bound", "full")
 DEFAULT_ARMS = ("random", "balanced_random", "untargeted", "targeted", "top_k_cosine", "upper_bound", "full")
 # ClusterTrainer arms with a target: their config fields and settings (`ClusterSelectConfig.from_flat`)
 TARGET_RULES = {"targeted": {"target_rule": "cluster_relevance"}, "top_k_cosine": {"target_rule": "top_k_cosine"},
                 "relevant_sample": {"target_rule": "relevant_sample"},
+                "top_k_unbalanced": {"target_rule": "top_k_cosine", "balance_tokens": False},  # fixed-size batches
                 "top_k_coverage25": {"target_rule": "top_k_cosine", "target_coverage": 0.25},
                 "top_k_weighted_mean": {"target_rule": "top_k_cosine", "feature": "hidden_weighted_mean",
                                         "feature_layers": 20}}  # RDS+'s pooling, after the blocks 'auto' takes

@@ -12,10 +12,12 @@ import numpy as np
 import bench_io
 
 SHARED_ARMS = ("random", "balanced_random", "untargeted", "full")  # do not depend on the target skills
-FOCAL_ARMS = ("relevant_sample", "targeted", "top_k_cosine", "untargeted")  # paired differences and gap closed of these
+# the arms whose paired differences and gap closed the report computes
+FOCAL_ARMS = ("relevant_sample", "targeted", "top_k_cosine", "top_k_unbalanced", "untargeted")
 PAIRED_ROWS = ("relevant_sample-random", "relevant_sample-balanced_random", "relevant_sample-top_k_cosine",
                "relevant_sample-upper_bound", "targeted-top_k_cosine", "top_k_cosine-random",
-               "top_k_cosine-balanced_random", "top_k_cosine-upper_bound", "untargeted-random")
+               "top_k_cosine-balanced_random", "top_k_cosine-upper_bound", "top_k_unbalanced-top_k_cosine",
+               "top_k_unbalanced-upper_bound", "untargeted-random")
 N_TARGETS = (1, 2, 4)
 TARGET_PER_SKILL = 8
 N_SKILLS = 16
@@ -239,6 +241,7 @@ def markdown(result: dict) -> str:
 
 ARM_STYLE = {"random": ("tab:gray", "o"), "balanced_random": ("tab:brown", "s"), "untargeted": ("tab:blue", "^"),
              "targeted": ("tab:red", "D"), "top_k_cosine": ("tab:orange", "v"), "relevant_sample": ("tab:purple", "P"),
+             "top_k_unbalanced": ("tab:olive", "X"),
              "upper_bound": ("tab:green", "*")}
 
 
