@@ -76,6 +76,7 @@ class Registry(Generic[T]):
             raise TypeError(f"`settings` of {self.kind} strategy {name!r} must be a dataclass, got {settings!r}.")
 
         def add(entry: T) -> T:
+            self._load()  # the built-ins first, so a user's name that clashes with one fails here, not later
             if name in self._entries:
                 raise ValueError(f"{self.kind} strategy {name!r} is already registered.")
             self._entries[name] = entry

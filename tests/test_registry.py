@@ -123,3 +123,22 @@ def test_a_faulty_rule_is_refused(monkeypatch, positions, weights, message):
     monkeypatch.setitem(WITHIN_CLUSTER_RULES._entries, "faulty", lambda *a, **k: (positions, weights))
     with pytest.raises(ValueError, match=message):
         select_from_labels([0, 0, 0, 0, 1, 1, 1, 1], np.zeros((8, 1)), data_fraction=0.5, within_cluster="faulty")
+
+
+def test_registering_a_builtin_name_first_fails_at_once_and_leaves_the_registry_whole():
+    """In a fresh process, a clash with a built-in name is refused at registration (the built-ins load first), and
+    the built-in rules still work afterwards."""
+    import subprocess
+    import sys
+
+    code = ("from hf_cluster_select.registry import TARGET_RULES\n"
+            "try:\n"
+            "    TARGET_RULES.register('top_k_cosine')(lambda *a, **k: None)\n"
+            "except ValueError as error:\n"
+            "    print('refused:', error)\n"
+            "from hf_cluster_select.settings import TargetSettings\n"
+            "print(TargetSettings(target_rule='relevant_sample').target_rule)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["refused: target_rule strategy 'top_k_cosine' is already registered.",
+                                        "relevant_sample"]

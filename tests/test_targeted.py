@@ -363,3 +363,41 @@ def test_select_targeted_passes_each_task_its_threshold_and_share():
     assert seen == [(5, 0.3), (5, 0.7)]  # budget 10 over 2 tasks
     with pytest.raises(ValueError, match="thresholds"):
         select_targeted(np.zeros(40, dtype=np.int64), scores, data_fraction=0.25, settings=settings, thresholds=[0.3])
+
+
+def test_targeted_inputs_are_checked_with_errors_that_name_them():
+    labels, scores = np.zeros(20, dtype=np.int64), np.random.default_rng(0).random((20, 2))
+    settings = TargetSettings()
+    for bad in ([[0.5], [0.5]], [0.5], [0.5, np.nan], ["a", "b"]):
+        with pytest.raises(ValueError, match="thresholds"):
+            select_targeted(labels, scores, data_fraction=0.5, settings=settings, thresholds=bad)
+    with pytest.raises(TypeError, match="settings"):
+        select_targeted(labels, scores, data_fraction=0.5, settings={"target_rule": "top_k_cosine"})
+    for name in ("deferred", "groups"):
+        with pytest.raises(ValueError, match=name):
+            select_targeted(labels, scores, data_fraction=0.5, settings=settings, **{name: np.zeros(21, dtype=int)})
+    with pytest.raises(ValueError, match="integer task ids"):
+        target_self_relevance(np.eye(2), [0.5, 1.5])
+    with pytest.raises(ValueError, match="every id"):
+        target_self_relevance(np.eye(3), [0, 2, 2])
+    with pytest.raises(ValueError, match="quantile"):
+        target_self_relevance(np.eye(2), [0, 0], quantile=1.5)
+    with pytest.raises(ValueError, match="empty"):
+        target_self_relevance(np.zeros((0, 2)), [])
+    with pytest.raises(ValueError, match="chunk_rows"):
+        relevance_scores(np.eye(2), np.eye(2), [0, 1], chunk_rows=0)
+
+
+def test_a_rule_that_breaks_the_protocol_is_named():
+    labels, scores = np.zeros(10, dtype=np.int64), np.random.default_rng(0).random((10, 1))
+    bad_orders = {"negative_for_test": lambda n: np.r_[np.arange(n - 1), -n],
+                  "out_of_range_for_test": lambda n: np.arange(1, n + 1),
+                  "float_for_test": lambda n: np.arange(n, dtype=float),
+                  "two_d_for_test": lambda n: np.arange(n)[None, :]}
+    for name, make in bad_orders.items():
+        TARGET_RULES.register(name)(lambda scores, labels, rng, make=make, **_: make(scores.size))
+        with pytest.raises(ValueError, match=f"{name}.*permutation of 0..9"):
+            select_targeted(labels, scores, data_fraction=0.2, settings=TargetSettings(target_rule=name))
+    TARGET_RULES.register("old_protocol_for_test")(lambda scores, labels, rng: np.arange(scores.size))
+    with pytest.raises(TypeError, match="old_protocol_for_test.*share"):
+        select_targeted(labels, scores, data_fraction=0.2, settings=TargetSettings(target_rule="old_protocol_for_test"))

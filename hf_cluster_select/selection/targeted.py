@@ -62,16 +62,15 @@ def relevance_scores(pool: Any, target: Any, tasks: Any, chunk_rows: int = 4096)
     Returns:
         `np.ndarray` of shape `[n_examples, n_tasks]`, float32, in [-1, 1]; 0 for an all-zero or non-finite row.
     Raises:
-        ValueError: for mismatched shapes, an empty target, or tasks that are not `0..n_tasks-1`.
+        ValueError: for mismatched shapes, an empty target, tasks that are not integers `0..n_tasks-1` each
+            present, or `chunk_rows` < 1.
     """
     pool, target = _unit_rows(pool, "pool"), _unit_rows(target, "target")
-    tasks = np.asarray(tasks).reshape(-1)
-    if target.shape[0] == 0 or pool.shape[1] != target.shape[1] or tasks.shape != (target.shape[0],):
-        raise ValueError(f"`target` must have shape [n_target >= 1, {pool.shape[1]}] and `tasks` shape [n_target], "
-                         f"got {target.shape} and {tasks.shape}.")
-    n_tasks = int(tasks.max()) + 1
-    if tasks.min() < 0 or np.unique(tasks).size != n_tasks:
-        raise ValueError(f"`tasks` must use every id in 0..{n_tasks - 1}, got {sorted(set(tasks.tolist()))[:10]}.")
+    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
+        raise ValueError(f"`chunk_rows` must be an int >= 1, got {chunk_rows!r}.")
+    if pool.shape[1] != target.shape[1]:
+        raise ValueError(f"`target` must have shape [n_target, {pool.shape[1]}] (the pool's dim), got {target.shape}.")
+    tasks, n_tasks = _task_ids(tasks, target.shape[0])
     scores = np.empty((pool.shape[0], n_tasks), dtype=np.float32)
     for start in range(0, pool.shape[0], chunk_rows):
         similarity = pool[start:start + chunk_rows] @ target.T  # [chunk, n_target]
@@ -92,13 +91,14 @@ def target_self_relevance(target: Any, tasks: Any, quantile: float = 0.25) -> np
         `np.ndarray` of shape `[n_tasks]`, float64; `inf` for a task with a single target example (no region: its
         rule keeps the nearest examples).
     Raises:
-        ValueError: for a target that is not 2-D or tasks that do not match its rows.
+        ValueError: for a target that is not 2-D or empty, tasks that do not match its rows or are not
+            `0..n_tasks-1` each present, or a quantile outside [0, 1].
     """
     target = _unit_rows(target, "target")
-    tasks = np.asarray(tasks).reshape(-1)
-    if tasks.shape != (target.shape[0],) or tasks.size == 0:
-        raise ValueError(f"`tasks` must have shape [{target.shape[0]}], got {tasks.shape}.")
-    out = np.full(int(tasks.max()) + 1, np.inf)
+    if isinstance(quantile, bool) or not isinstance(quantile, (int, float)) or not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"`quantile` must be a number in [0, 1], got {quantile!r}.")
+    tasks, n_tasks = _task_ids(tasks, target.shape[0])
+    out = np.full(n_tasks, np.inf)
     for task in range(out.size):
         rows = target[tasks == task]
         if rows.shape[0] > 1:
@@ -106,6 +106,22 @@ def target_self_relevance(target: Any, tasks: Any, quantile: float = 0.25) -> np
             np.fill_diagonal(similarity, -np.inf)
             out[task] = float(np.quantile(similarity.max(axis=1), quantile))
     return out
+
+
+def _task_ids(tasks: Any, n_target: int) -> tuple[np.ndarray, int]:
+    """`tasks` as int64 `[n_target]` and the task count, checked: integers `0..n_tasks-1`, each present."""
+    if n_target == 0:
+        raise ValueError("`target` is empty: it needs at least one row per target task.")
+    values = np.asarray(tasks).reshape(-1) if np.ndim(tasks) <= 1 else np.asarray(tasks)
+    if values.shape != (n_target,):
+        raise ValueError(f"`tasks` must have shape [{n_target}] (one task id per target row), got "
+                         f"{np.shape(tasks)}.")
+    if values.dtype.kind not in "iu":
+        raise ValueError(f"`tasks` must be integer task ids, got dtype {values.dtype}.")
+    n_tasks = int(values.max()) + 1
+    if values.min() < 0 or np.unique(values).size != n_tasks:
+        raise ValueError(f"`tasks` must use every id in 0..{n_tasks - 1}, got {sorted(set(values.tolist()))[:10]}.")
+    return values.astype(np.int64), n_tasks
 
 
 def _unit_rows(values: Any, name: str) -> np.ndarray:
@@ -179,17 +195,19 @@ def select_targeted(labels: Any, scores: Any, *, data_fraction: float, settings:
         (cluster label → mean over its members of their best task's relevance), `mean_relevance_kept` and
         `mean_relevance_pool` (the same best-task relevance, averaged over the kept / all examples).
     Raises:
-        ValueError: for mismatched shapes (`scores`, `labels`, `thresholds`) or negative labels, or a target share of the budget (budget − floor)
-            smaller than the number of target tasks.
+        ValueError: for mismatched shapes (`scores`, `labels`, `thresholds`, `deferred`, `groups`), negative
+            labels, NaN thresholds, a rule that does not return a permutation, or a target share of the budget
+            (budget − floor) smaller than the number of target tasks.
+        TypeError: if `settings` is not a `TargetSettings`, or the rule does not take `share` / `threshold`.
     """
     labels = np.asarray(labels, dtype=np.int64).reshape(-1)
     scores = np.asarray(scores, dtype=np.float64)
     n = labels.size
     if scores.ndim != 2 or scores.shape[0] != n or scores.shape[1] < 1 or (labels < 0).any():
         raise ValueError(f"`scores` must have shape [{n}, n_tasks] and `labels` be >= 0, got {scores.shape}.")
-    thresholds = np.full(scores.shape[1], np.inf) if thresholds is None else np.asarray(thresholds, float).reshape(-1)
-    if thresholds.shape != (scores.shape[1],):
-        raise ValueError(f"`thresholds` must have shape [{scores.shape[1]}], got {thresholds.shape}.")
+    if not isinstance(settings, TargetSettings):
+        raise TypeError(f"`settings` must be a TargetSettings, got {type(settings).__name__}.")
+    thresholds = _thresholds(thresholds, scores.shape[1])
     budget = selection_budget(n, data_fraction)
     candidates, copies = _candidates(n, deferred, groups)
     if budget >= candidates.size:  # everything distinct is kept: nothing to rank, every weight n / kept
@@ -221,9 +239,26 @@ def select_targeted(labels: Any, scores: Any, *, data_fraction: float, settings:
     return _selection(kept, weights[kept], labels), _summary(labels, scores, kept, per_task, int(floor[0].size))
 
 
+def _thresholds(thresholds: Any, n_tasks: int) -> np.ndarray:
+    """`thresholds` as float64 `[n_tasks]` (`None` = all `inf`), checked: no NaN."""
+    if thresholds is None:
+        return np.full(n_tasks, np.inf)
+    try:
+        values = np.asarray(thresholds, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"`thresholds` must be numbers, one per target task, got {thresholds!r}.") from None
+    if values.shape != (n_tasks,) or np.isnan(values).any():
+        raise ValueError(f"`thresholds` must have shape [{n_tasks}] (one per target task) and no NaN, got shape "
+                         f"{values.shape}.")
+    return values
+
+
 def _candidates(n: int, deferred: Any, groups: Any) -> tuple[np.ndarray, np.ndarray]:
     """Positions selection ranks (not deferred; the lowest-index copy of each duplicate group) and the examples each
     stands for."""
+    for name, values in (("deferred", deferred), ("groups", groups)):
+        if values is not None and np.shape(values) != (n,):
+            raise ValueError(f"`{name}` must have shape [{n}] (one per example), got {np.shape(values)}.")
     eligible = np.arange(n)
     if deferred is not None:
         mask = np.asarray(deferred, dtype=bool).reshape(-1)
@@ -273,11 +308,20 @@ def _round_robin(labels, scores, candidates, taken, budget: int, rule_name: str,
     orders = []
     for task in range(scores.shape[1]):
         rng = np.random.default_rng([int(seed) % 2**64, task])
-        order = np.asarray(rule(scores[candidates, task], labels[candidates], rng, share=share,
-                                threshold=float(thresholds[task]))).reshape(-1)
-        if order.shape != (candidates.size,) or np.unique(order).size != candidates.size:
-            raise ValueError(f"target rule {rule_name!r} must return a permutation of its {candidates.size} "
-                             f"candidates, got {order.size} positions.")
+        try:
+            result = rule(scores[candidates, task], labels[candidates], rng, share=share,
+                          threshold=float(thresholds[task]))
+        except TypeError as error:
+            if "share" not in str(error) and "threshold" not in str(error):
+                raise
+            raise TypeError(f"target rule {rule_name!r} must accept the keywords `share` and `threshold` "
+                            f"(`rule(scores, labels, rng, *, share, threshold)`, or `**kwargs`): {error}") from None
+        order = np.asarray(result)
+        n = candidates.size
+        if (order.shape != (n,) or order.dtype.kind not in "iu" or (n and (order.min() < 0 or order.max() >= n))
+                or np.unique(order).size != n):
+            raise ValueError(f"target rule {rule_name!r} must return a permutation of 0..{n - 1} (an int array of "
+                             f"shape [{n}], each position once), got shape {order.shape}, dtype {order.dtype}.")
         orders.append(candidates[order])
     picked: list[list[int]] = [[] for _ in orders]
     cursor = [0] * len(orders)
