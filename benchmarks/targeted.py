@@ -30,6 +30,11 @@ any arm whose steps differ from random's):
 - `targeted`: `ClusterTrainer(target_dataset=...)`, `target_rule="cluster_relevance"` (ours);
 - `top_k_cosine`: `ClusterTrainer(target_dataset=...)`, `target_rule="top_k_cosine"` (RDS+: rows by their max cosine
   to the target, clusters ignored);
+- `relevant_sample`: `target_rule="relevant_sample"` (a seeded random sample of each task's relevant region);
+- `top_k_unbalanced`: top_k_cosine with `balance_tokens=False` — fixed batches of 8, what the package does on one
+  process since `balance_tokens="auto"` (the default configuration now); every other ClusterTrainer arm sets
+  `balance_tokens=True` (token-budget batches, the one-process default when they were measured), so a rerun
+  reproduces them;
 - `upper_bound`: B random rows of the target skills' pool rows only (`default_rng([seed, 13, n_targets])`); when
   B exceeds them (1 target at f = 0.1: B = 51 > 32) all of them plus B − k·P of them drawn again (at most twice
   each), so the steps stay equal;
@@ -37,7 +42,8 @@ any arm whose steps differ from random's):
   top_k_cosine with `target_coverage=0.25`, and with RDS+'s pooling (`feature="hidden_weighted_mean"`, block 20);
 - `full`: stock `Trainer` on all N pool rows, seed 0 only (a reference: N/8 steps per epoch, not equal steps),
   evaluated on every held-out row, so each seed's target draw reads its loss from the same run.
-Every ClusterTrainer arm uses `ClusterSelectConfig(data_fraction=f, selection_warmup_steps=0, selection_seed=seed)`:
+Every ClusterTrainer arm uses `ClusterSelectConfig(data_fraction=f, selection_warmup_steps=0, selection_seed=seed)`
+(plus `balance_tokens` as above):
 features from the base model (as RDS+), no warm-up steps (none are counted: the selection trains exactly the
 random arm's steps). The feature cache is on ($HF_CLUSTER_SELECT_CACHE, default here /tmp/targeted_ni_features_fp32):
 with warm-up 0 the untargeted/targeted/top_k_cosine runs of a seed (both fractions) share the pool's features, and
@@ -95,11 +101,12 @@ from targeted_report import (FOCAL_ARMS, N_SKILLS, N_TARGETS, SHARED_ARMS, TARGE
 
 ARMS = ("random", "balanced_random", "untargeted", "targeted", "top_k_cosine", "relevant_sample",
         "top_k_coverage25", "top_k_weighted_mean", "top_k_unbalanced", "upper_bound", "full")
-DEFAULT_ARMS = ("random", "balanced_random", "untargeted", "targeted", "top_k_cosine", "upper_bound", "full")
+DEFAULT_ARMS = ("random", "balanced_random", "untargeted", "targeted", "top_k_cosine", "relevant_sample",
+                "top_k_unbalanced", "upper_bound", "full")
 # ClusterTrainer arms with a target: their config fields and settings (`ClusterSelectConfig.from_flat`)
 TARGET_RULES = {"targeted": {"target_rule": "cluster_relevance"}, "top_k_cosine": {"target_rule": "top_k_cosine"},
                 "relevant_sample": {"target_rule": "relevant_sample"},
-                "top_k_unbalanced": {"target_rule": "top_k_cosine", "balance_tokens": False},  # fixed-size batches
+                "top_k_unbalanced": {"target_rule": "top_k_cosine", "balance_tokens": False},  # the default now
                 "top_k_coverage25": {"target_rule": "top_k_cosine", "target_coverage": 0.25},
                 "top_k_weighted_mean": {"target_rule": "top_k_cosine", "feature": "hidden_weighted_mean",
                                         "feature_layers": 20}}  # RDS+'s pooling, after the blocks 'auto' takes
@@ -188,7 +195,9 @@ def stock_indices(arm: str, skills: np.ndarray, budget: int, seed: int, targets:
 def cluster_config(arm: str, fraction: float, seed: int, targets: list[int] | None):
     from hf_cluster_select import ClusterSelectConfig
 
-    values = dict(data_fraction=fraction, selection_warmup_steps=0, selection_seed=seed)
+    # every ClusterTrainer arm but top_k_unbalanced was measured with token-budget batches, the one-process default
+    # before `balance_tokens="auto"`: they keep it, so a rerun reproduces them (top_k_unbalanced = today's default)
+    values = dict(data_fraction=fraction, selection_warmup_steps=0, selection_seed=seed, balance_tokens=True)
     if arm in TARGET_RULES:
         values.update(TARGET_RULES[arm])
         if len(targets) > 1:

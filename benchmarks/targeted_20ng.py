@@ -11,7 +11,9 @@ each: the target set (`target_column="group"`), removed from that draw's pool (N
 but `full` trains B = `selection_budget(N, f)` rows with the same recipe, so the same optimizer steps (recorded:
 `trainer.state.global_step`): `random` and `upper_bound` (target groups only, rows drawn again when fewer than B)
 are `targeted.stock_indices`; `balanced_random` (oracle) is stratified by the true class; ClusterTrainer arms use
-`selection_warmup_steps=0` (base-model features, cached for a draw's arms in $HF_CLUSTER_SELECT_CACHE). `full`: all
+`selection_warmup_steps=0` (base-model features, cached for a draw's arms in $HF_CLUSTER_SELECT_CACHE) and
+`balance_tokens=True` (token-budget batches, the one-process default when they were measured), except
+`top_k_unbalanced`: top_k_cosine in fixed batches, the one-process default since `balance_tokens="auto"`. `full`: all
 1000 documents (target rows included), seed 0, read on every draw. Model init and trainer seed = run seed. Metrics
 from each run's stored test predictions: accuracy on the target groups' test documents (main) and on the others'
 (trade-off); macro-F1 over the target classes on all test documents (false positives cost precision).
@@ -40,9 +42,9 @@ from targeted import stock_indices  # noqa: E402
 from targeted_report import _sd, _signs  # noqa: E402
 
 ARMS = ("random", "balanced_random", "untargeted", "cluster_relevance", "top_k_cosine", "top_k_cosine_cov25",
-        "relevant_sample", "upper_bound", "full")  # untargeted: ClusterTrainer without a target
+        "relevant_sample", "top_k_unbalanced", "upper_bound", "full")  # untargeted: ClusterTrainer without a target
 TARGET_ARMS = {"cluster_relevance": ("cluster_relevance", 0.0), "top_k_cosine": ("top_k_cosine", 0.0),
-               "relevant_sample": ("relevant_sample", 0.0),
+               "relevant_sample": ("relevant_sample", 0.0), "top_k_unbalanced": ("top_k_cosine", 0.0),
                "top_k_cosine_cov25": ("top_k_cosine", 0.25)}  # arm: (target_rule, target_coverage)
 PAIRS = [(a, b) for a in TARGET_ARMS for b in ("random", "balanced_random", "top_k_cosine") if a != b] + [
     ("untargeted", "random"), ("balanced_random", "random"), ("upper_bound", "random")]
@@ -84,8 +86,11 @@ def run_one(task, names: list, arm: str, fraction: float, seed: int, k: int | No
     args = TrainingArguments(output_dir=work, seed=seed, use_cpu=True, report_to=[], save_strategy="no",
                              logging_steps=10**6, disable_tqdm=True, dataloader_num_workers=0, **task.recipe)
     model, extra, kwargs, target = task.make_model(seed), {}, None, None
+    # token-budget batches (the one-process default when these arms were measured) for every ClusterTrainer arm but
+    # top_k_unbalanced: fixed batches, the one-process default since balance_tokens="auto"
+    kwargs = {"balance_tokens": arm != "top_k_unbalanced"}
     if arm in TARGET_ARMS:
-        kwargs = dict(zip(("target_rule", "target_coverage"), TARGET_ARMS[arm]), target_column="group")
+        kwargs.update(zip(("target_rule", "target_coverage"), TARGET_ARMS[arm]), target_column="group")
         target = task.train.select(target_rows).add_column("group", [names[c] for c in classes[target_rows]])
     if arm in TARGET_ARMS or arm == "untargeted":
         trainer = ClusterTrainer(model=model, args=args, train_dataset=pool, data_collator=task.collator,

@@ -162,8 +162,10 @@ class ClusterSelectConfig:
                 f"`allocation`='paper' selects before training (CluSTER; its batch count depends on the cluster "
                 f"sizes), so `selection_warmup_steps` must be 0 or None, got {self.selection_warmup_steps}.")
         quota, balance = self.selection_settings.quota, self.allocation_settings.balance_tokens
-        if self.budget_unit == "tokens" and (not balance or self.allocation != "balanced" or quota != "proportional"):
-            raise ValueError("`budget_unit`='tokens' needs `balance_tokens`=True, `allocation`='balanced' (steps of a "
+        if self.budget_unit == "tokens" and (balance is False or self.allocation != "balanced"
+                                              or quota != "proportional"):
+            raise ValueError("`budget_unit`='tokens' needs `balance_tokens`=True or 'auto', `allocation`='balanced' "
+                             "(steps of a "
                              "fixed example count cannot hold a share of tokens; `paper()` sets neither) and `quota`="
                              "'proportional' ('uniform' gives clusters of short examples most of their members, more "
                              f"than the steps hold), got balance_tokens={balance}, allocation={self.allocation!r}, "

@@ -196,7 +196,7 @@ class SelectionRun:
         return ClusterBatchSampler(
             indices=indices, labels=labels, lengths=self.lengths[np.asarray(indices)], world_size=plan.world_size,
             per_device_batch_size=plan.per_device_batch_size, seed=config.selection_seed,
-            balance_tokens=config.allocation_settings.balance_tokens,
+            balance_tokens=config.allocation_settings.token_balanced(plan.world_size, config.budget_unit),
             window=config.allocation_settings.balance_window, allocation=allocation, num_batches=num_batches,
             batches_per_rank=batches_per_rank,
         )

@@ -76,3 +76,16 @@ def test_every_strategy_setting_has_help(stage):
     for name in STAGES[stage].names():
         for f in dataclasses.fields(STAGES[stage].settings_class(name)):
             assert f.metadata.get("help"), f"{stage}={name!r}: setting {f.name} has no help"
+
+
+def test_balance_tokens_auto_is_on_with_several_ranks_or_a_tokens_budget():
+    from hf_cluster_select.settings import AllocationSettings, resolve_balance_tokens
+
+    assert AllocationSettings().balance_tokens == "auto"
+    assert [resolve_balance_tokens("auto", w) for w in (1, 2, 8)] == [False, True, True]
+    assert resolve_balance_tokens("auto", 1, "tokens") is True
+    assert resolve_balance_tokens(True, 1) is True and resolve_balance_tokens(False, 4) is False
+    with pytest.raises(TypeError, match="balance_tokens"):
+        resolve_balance_tokens("yes", 1)
+    with pytest.raises(TypeError, match="balance_tokens"):
+        AllocationSettings(balance_tokens="on")

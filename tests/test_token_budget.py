@@ -78,7 +78,7 @@ def test_token_budget_bad_input():
         select_from_labels(labels, points, data_fraction=0.3, budget_unit="bytes")
     with pytest.raises(ValueError, match="`budget_unit` must be one of"):
         ClusterSelectConfig(budget_unit="words")
-    with pytest.raises(ValueError, match="needs `balance_tokens`=True, `allocation`='balanced'.*got balance_tokens=False"):
+    with pytest.raises(ValueError, match="needs `balance_tokens`=True or 'auto', `allocation`='balanced'.*got balance_tokens=False"):
         ClusterSelectConfig(budget_unit="tokens", strategy_kwargs={"balance_tokens": False})
     with pytest.raises(ValueError, match="allocation='paper'"):
         ClusterSelectConfig.paper(budget_unit="tokens", strategy_kwargs={"balance_tokens": True})

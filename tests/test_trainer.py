@@ -483,3 +483,18 @@ def test_loss_and_dataloader_overrides_that_drop_the_selection_are_reported(tmp_
         warnings.simplefilter("error", UserWarning)
         ScaledLoss(**kwargs)
         OwnLoss(**kwargs)  # once per class
+
+
+def test_one_process_trains_fixed_batches_unless_token_balance_is_asked(tmp_path, tiny_lm, lm_dataset, collator):
+    """`balance_tokens="auto"` (the default) is off on one process: every per-device batch of the kept set holds
+    exactly `per_device_train_batch_size` examples (48 kept / 4); `balance_tokens=True` packs by tokens instead."""
+    trainer = build(tmp_path, tiny_lm, lm_dataset, collator)
+    trainer.train()
+    sampler = trainer.selection_run.subset_sampler
+    assert sampler.balance_tokens is False
+    assert [len(batch) for batch in sampler.plan(1)] == [4] * 12
+    config = ClusterSelectConfig(data_fraction=0.5, strategy_kwargs={"balance_tokens": True})
+    packed = build(tmp_path / "packed", tiny_lm, lm_dataset, collator, config=config)
+    packed.train()
+    sizes = [len(batch) for batch in packed.selection_run.subset_sampler.plan(1)]
+    assert packed.selection_run.subset_sampler.balance_tokens is True and sum(sizes) == 48 and len(set(sizes)) > 1

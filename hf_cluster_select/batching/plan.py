@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_int, check_int_array
-from ..settings import AllocationSettings
+from ..settings import AllocationSettings, resolve_balance_tokens
 from .token_budget import MAX_EXAMPLES_FACTOR, HEAD_FIT, PARTNER_SPAN, plan_token_balanced  # noqa: F401
 
 
@@ -50,10 +50,10 @@ def batches_per_rank(n_examples: int, world_size: int, per_device_batch_size: in
 
 
 def micro_steps_capacity(micro_steps: int, world_size: int, per_device_batch_size: int,
-                         balance_tokens: bool = True) -> int:
+                         token_balanced: bool = True) -> int:
     """Most examples `micro_steps` micro-steps of `plan_epoch` hold: `G·W·B`, or `G·W·MAX_EXAMPLES_FACTOR·B` with
     token-balanced batches (a step count fixed in advance, `budget_unit="tokens"`)."""
-    return micro_steps * world_size * per_device_batch_size * (MAX_EXAMPLES_FACTOR if balance_tokens else 1)
+    return micro_steps * world_size * per_device_batch_size * (MAX_EXAMPLES_FACTOR if token_balanced else 1)
 
 
 def mixed_order(labels: Any, rng: np.random.Generator) -> np.ndarray:
@@ -121,7 +121,7 @@ def plan_epoch(
     per_device_batch_size: int,
     seed: int,
     epoch: int,
-    balance_tokens: bool = AllocationSettings.balance_tokens,
+    balance_tokens: bool | str = AllocationSettings.balance_tokens,
     window: int = AllocationSettings.balance_window,
     micro_steps: int | None = None,
 ) -> list[list[int]]:
@@ -157,7 +157,9 @@ def plan_epoch(
             average with it).
         seed (`int`): seed of the order; the same `(seed, epoch)` gives the same plan on every rank.
         epoch (`int`): epoch number, >= 0.
-        balance_tokens (`bool`, *optional*, defaults to `AllocationSettings.balance_tokens`): token-budget batches of equal padded size per step.
+        balance_tokens (`bool` or `"auto"`, *optional*, defaults to `AllocationSettings.balance_tokens`):
+            token-budget batches of equal padded size per step (`"auto"`: with `world_size` > 1,
+            `settings.resolve_balance_tokens`).
         window (`int`, *optional*, defaults to `AllocationSettings.balance_window`): lookahead in micro-steps when balancing tokens (the longest
             example that waited this many steps leads the next step).
         micro_steps (`int`, *optional*): `G`, micro-steps in the epoch, instead of `ceil(m / (W·B))`: a step count
@@ -178,6 +180,7 @@ def plan_epoch(
     b = check_int("per_device_batch_size", per_device_batch_size, 1)
     window = check_int("window", window, 1)
     check_int("epoch", epoch, 0)
+    balance_tokens = resolve_balance_tokens(balance_tokens, w, "tokens" if micro_steps is not None else "examples")
     m = labels.shape[0]
     groups = batches_per_rank(m, w, b) if micro_steps is None else check_int("micro_steps", micro_steps, 1)
     if m > micro_steps_capacity(groups, w, b, balance_tokens):

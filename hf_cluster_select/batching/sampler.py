@@ -19,7 +19,7 @@ from torch.utils.data import Sampler
 from .._checks import check_int as _int
 from .._checks import check_int_array as _int_array
 from ..config import ClusterSelectConfig
-from ..settings import AllocationSettings
+from ..settings import AllocationSettings, resolve_balance_tokens
 from .allocations import get_allocation
 
 
@@ -38,7 +38,8 @@ class ClusterBatchSampler(Sampler[list[int]]):
         per_device_batch_size (`int`): examples per per-device batch `B` (with `balance_tokens`, batches of short examples
             hold up to 4·B, of long ones fewer: see `plan.plan_epoch`).
         seed (`int`, *optional*, defaults to `ClusterSelectConfig.selection_seed`): seed of the order.
-        balance_tokens (`bool`, *optional*, defaults to `AllocationSettings.balance_tokens`): compose micro-steps by length (see `plan_epoch`).
+        balance_tokens (`bool` or `"auto"`, *optional*, defaults to `AllocationSettings.balance_tokens`): compose
+            micro-steps by length (see `plan_epoch`; `"auto"`: with several ranks, `settings.resolve_balance_tokens`).
         window (`int`, *optional*, defaults to `AllocationSettings.balance_window`): look-ahead in micro-steps when balancing tokens.
         allocation (`str`, *optional*, defaults to `"balanced"`): a name in `allocations.ALLOCATIONS`: `"balanced"`
             (`plan.plan_epoch`) or `"paper"` (`paper.plan_epoch_paper`, CluSTER's one cluster per rank; needs exactly
@@ -64,7 +65,7 @@ class ClusterBatchSampler(Sampler[list[int]]):
         world_size: int,
         per_device_batch_size: int,
         seed: int = ClusterSelectConfig.selection_seed,
-        balance_tokens: bool = AllocationSettings.balance_tokens,
+        balance_tokens: bool | str = AllocationSettings.balance_tokens,
         window: int = AllocationSettings.balance_window,
         allocation: str = ClusterSelectConfig.allocation,
         num_batches: int | None = None,
@@ -94,7 +95,8 @@ class ClusterBatchSampler(Sampler[list[int]]):
         self.indices = indices
         self.labels = labels
         self.lengths = lengths
-        self.balance_tokens = bool(balance_tokens)
+        self.balance_tokens = resolve_balance_tokens(balance_tokens, world_size,
+                                                     "tokens" if batches_per_rank is not None else "examples")
         self.allocation = allocation
         self.strategy = strategy
         self.num_batches = None if num_batches is None else int(num_batches)
