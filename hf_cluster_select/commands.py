@@ -58,6 +58,8 @@ FIELDS_NOT_OPTIONS = ("target",)  # `select` has no eval set: its `--target` is 
 
 
 def _metavar(field: dataclasses.Field) -> str:
+    if field.name == "balance_tokens":
+        return "BOOL|auto"
     kind = str(field.type).split(" |")[0]
     return "JSON" if kind == "dict" else kind.upper() + ("|None" if "None" in str(field.type) else "")
 
@@ -75,7 +77,8 @@ def _parse_value(name: str, text: Any, default: Any) -> Any:
         return "auto"
     if isinstance(default, bool) or name == "balance_tokens":
         if text.lower() not in TRUE + FALSE:
-            raise ValueError(f"`--{name.replace('_', '-')}` must be true or false (yes/no, 1/0), got {text!r}.")
+            also = ", or auto" if name == "balance_tokens" else ""
+            raise ValueError(f"`--{name.replace('_', '-')}` must be true or false (yes/no, 1/0{also}), got {text!r}.")
         return text.lower() in TRUE
     if name in ("selection_warmup_steps", "strategy_kwargs", "stratify_column") or isinstance(default, str):
         return None if name == "stratify_column" and text == "None" else text

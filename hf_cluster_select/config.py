@@ -43,7 +43,8 @@ class ClusterSelectConfig:
     model the mean hidden state over loss-bearing tokens after 2/3 of the blocks (RDS+, Ivison et al., arXiv
     2503.01807), for a classification head BADGE's last-layer gradient (Ash et al., ICLR 2020) — fine KMeans
     strata of about `kept_per_cluster` kept examples each, facility-location medoids (the objective of CRAIG,
-    Mirzasoleiman et al., ICML 2020) with uniform weights, an exact budget and token-balanced allocation.
+    Mirzasoleiman et al., ICML 2020) with uniform weights, an exact budget and a cluster-mixed allocation
+    (token-balanced across ranks when there are several: `balance_tokens="auto"`).
     `ClusterSelectConfig.paper()` returns CluSTER's published recipe (Kim et al., EMNLP 2026) for comparison.
 
     Raises:
@@ -75,7 +76,7 @@ class ClusterSelectConfig:
                 "'facility_location' = greedy medoids (CRAIG's objective); 'peripheral' (CluSTER), 'random', ..."})
     allocation: str = field(default="balanced", metadata={
         "help": "How kept examples are dealt to ranks (registry.ALLOCATIONS): 'balanced' = every micro-step mixes "
-                "clusters and balances tokens; 'paper' = CluSTER's one cluster per rank (selection before training)."})
+                "clusters (and, with several ranks, balances their tokens); 'paper' = CluSTER's one cluster per rank (selection before training)."})
     strategy_kwargs: dict | str | None = field(default=None, metadata={
         "help": "Settings of the chosen strategies, one flat dict (JSON text on a command line), e.g. "
                 "{\"pca_dim\": 32, \"feature_layers\": 8}; each strategy's settings: docs/configuration.md."})

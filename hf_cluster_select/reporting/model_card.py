@@ -23,7 +23,7 @@ MAX_CLUSTER_ROWS = 100
 CITATION = (
     "Selection follows CluSTER (Kim, Nam, Han, Choi, Lee; EMNLP 2026; "
     "[arXiv:2609.12584](https://arxiv.org/abs/2609.12584)), extended with HDBSCAN clusters, an exact budget, "
-    "per-example weights and token-balanced batches."
+    "per-example weights and token-balanced batches across ranks."
 )
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 _TEMPLATE = """---
