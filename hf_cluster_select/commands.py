@@ -69,8 +69,8 @@ TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 def _parse_value(name: str, text: Any, default: Any) -> Any:
     """Command-line text of field or setting `name` as its value: bool ones strictly (true/false, yes/no, 1/0,
-    on/off; `balance_tokens` also `auto`), `None` as None where the default is None or a number, text fields (and the ones
-    `ClusterSelectConfig` parses itself: `selection_warmup_steps`, `strategy_kwargs`) as given, numbers by type."""
+    on/off; `balance_tokens` also `auto`), `None` as None where the default is None or a number, text fields (and
+    the ones `ClusterSelectConfig` parses itself: `selection_warmup_steps`, `strategy_kwargs`) as given, numbers by type."""
     if not isinstance(text, str):
         return text
     if name == "balance_tokens" and text.lower() == "auto":  # a bool setting that also takes "auto"

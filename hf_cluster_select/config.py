@@ -76,7 +76,8 @@ class ClusterSelectConfig:
                 "'facility_location' = greedy medoids (CRAIG's objective); 'peripheral' (CluSTER), 'random', ..."})
     allocation: str = field(default="balanced", metadata={
         "help": "How kept examples are dealt to ranks (registry.ALLOCATIONS): 'balanced' = every micro-step mixes "
-                "clusters (and, with several ranks, balances their tokens); 'paper' = CluSTER's one cluster per rank (selection before training)."})
+                "clusters (and, with several ranks, balances their tokens); 'paper' = CluSTER's one cluster per "
+                "rank (selection before training)."})
     strategy_kwargs: dict | str | None = field(default=None, metadata={
         "help": "Settings of the chosen strategies, one flat dict (JSON text on a command line), e.g. "
                 "{\"pca_dim\": 32, \"feature_layers\": 8}; each strategy's settings: docs/configuration.md."})
@@ -166,8 +167,7 @@ class ClusterSelectConfig:
         if self.budget_unit == "tokens" and (balance is False or self.allocation != "balanced"
                                               or quota != "proportional"):
             raise ValueError("`budget_unit`='tokens' needs `balance_tokens`=True or 'auto', `allocation`='balanced' "
-                             "(steps of a "
-                             "fixed example count cannot hold a share of tokens; `paper()` sets neither) and `quota`="
+                             "(steps of a fixed example count cannot hold a share of tokens; `paper()` sets neither) and `quota`="
                              "'proportional' ('uniform' gives clusters of short examples most of their members, more "
                              f"than the steps hold), got balance_tokens={balance}, allocation={self.allocation!r}, "
                              f"quota={quota!r}.")

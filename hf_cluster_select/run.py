@@ -34,6 +34,7 @@ from .pipeline import select_with_model
 from .reporting.report import SelectionReport
 from .schedule import StepPlan, plan_steps, resolve_warmup_steps
 from .selection.budget import selection_budget
+from .settings import resolve_balance_tokens
 
 
 def resolve_run_facts(model: torch.nn.Module, config: ClusterSelectConfig, *, shift_labels: bool,
@@ -196,7 +197,8 @@ class SelectionRun:
         return ClusterBatchSampler(
             indices=indices, labels=labels, lengths=self.lengths[np.asarray(indices)], world_size=plan.world_size,
             per_device_batch_size=plan.per_device_batch_size, seed=config.selection_seed,
-            balance_tokens=config.allocation_settings.token_balanced(plan.world_size, config.budget_unit),
+            balance_tokens=resolve_balance_tokens(config.allocation_settings.balance_tokens, plan.world_size,
+                                                  config.budget_unit),
             window=config.allocation_settings.balance_window, allocation=allocation, num_batches=num_batches,
             batches_per_rank=batches_per_rank,
         )

@@ -169,10 +169,6 @@ class AllocationSettings:
         resolve_balance_tokens(self.balance_tokens, 1)  # checks it: a bool or "auto"
         check_int_setting("balance_window", self.balance_window, 1)
 
-    def token_balanced(self, world_size: int, budget_unit: str = "examples") -> bool:
-        """Whether the batch plan balances padded tokens: `resolve_balance_tokens(balance_tokens, ...)`."""
-        return resolve_balance_tokens(self.balance_tokens, world_size, budget_unit)
-
 
 def resolve_balance_tokens(balance_tokens: bool | str, world_size: int, budget_unit: str = "examples") -> bool:
     """`balance_tokens` as a bool: `"auto"` is on with `world_size` > 1 ranks or a `budget_unit` of `"tokens"` (token

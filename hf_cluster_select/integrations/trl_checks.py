@@ -93,7 +93,8 @@ def check_sft_args(args: Any, *, compute_loss_func: Any = None) -> None:
             "ClusterSFTTrainer does not support `packing=True`: packing concatenates several examples into one row, "
             "so the per-example features, the selection and the per-example loss weights would apply to packed rows, "
             "not to your examples. Set `packing=False` (selection already removes much of the work packing saves; "
-            "with several ranks, token-balanced batches keep padding low), or train with plain `SFTTrainer` if you need packing."
+            "with several ranks, token-balanced batches keep padding low), or train with plain `SFTTrainer` if you "
+            "need packing."
         )
     if getattr(args, "padding_free", False):
         raise ValueError(

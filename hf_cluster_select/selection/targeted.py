@@ -112,7 +112,7 @@ def _task_ids(tasks: Any, n_target: int) -> tuple[np.ndarray, int]:
     """`tasks` as int64 `[n_target]` and the task count, checked: integers `0..n_tasks-1`, each present."""
     if n_target == 0:
         raise ValueError("`target` is empty: it needs at least one row per target task.")
-    values = np.asarray(tasks).reshape(-1) if np.ndim(tasks) <= 1 else np.asarray(tasks)
+    values = np.atleast_1d(np.asarray(tasks))
     if values.shape != (n_target,):
         raise ValueError(f"`tasks` must have shape [{n_target}] (one task id per target row), got "
                          f"{np.shape(tasks)}.")
