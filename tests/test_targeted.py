@@ -152,7 +152,13 @@ def _trainer(tmp_path, tiny_lm, lm_dataset, collator, config=None, **kwargs):
                           cluster_config=config, **kwargs)
 
 
-def test_trainer_aims_the_selection_at_the_target(tmp_path, tiny_lm, lm_dataset, collator):
+def test_trainer_aims_the_selection_at_the_target(tmp_path, tiny_lm, lm_dataset, collator, monkeypatch):
+    import hf_cluster_select.pipeline as pipeline
+
+    computed = []  # the thresholds the pipeline computed, to check the report carries exactly them
+    original = pipeline.target_self_relevance
+    monkeypatch.setattr(pipeline, "target_self_relevance", lambda *a, **k: computed.append(original(*a, **k))
+                        or computed[-1])
     target = lm_dataset.select(range(8)).add_column("task", ["x"] * 4 + ["y"] * 4)
     config = ClusterSelectConfig(data_fraction=0.25, selection_warmup_steps=0,
                                  strategy_kwargs={"target_column": "task", "target_rule": "top_k_cosine"})
@@ -163,6 +169,8 @@ def test_trainer_aims_the_selection_at_the_target(tmp_path, tiny_lm, lm_dataset,
     assert report.target["kept_per_task"] == [12, 12] and report.target["n_target_per_task"] == [4, 4]
     assert report.target["source"] == "target_dataset" and report.target["features_from_cache"] is False
     assert set(range(8)) <= set(report.kept_indices)  # top-k cosine keeps the target rows themselves (cosine 1)
+    assert len(computed) == 1 and computed[0].shape == (2,) and np.isfinite(computed[0]).all()
+    assert report.target["self_relevance"] == [round(float(t), 4) for t in computed[0]]
     trainer.save_model()
     card = open(tmp_path / "out" / "README.md", encoding="utf-8").read()
     assert "| Target set | 8 examples in 2 task(s) from target_dataset |" in card
