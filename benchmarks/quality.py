@@ -14,6 +14,9 @@
 Arms, each from the same model initialisation (per seed), the same recipe and the same epochs over its own data:
 - `full`: stock `Trainer` on every example (once per seed);
 - `random`: stock `Trainer` on a seeded uniformly random subset of `round(f·n)` examples;
+- `random_same_steps`: the same random subset trained for exactly as many optimizer steps as the first ClusterTrainer
+  arm listed before it ran at that fraction and seed, its warm-up on the full data included (equal steps; the
+  subset's epochs repeat);
 - `default`: `ClusterTrainer` with `ClusterSelectConfig(data_fraction=f, selection_seed=seed)`;
 - `paper_selection`: CluSTER's selection (KMeans K = 2 = the paper's world size of its smallest setting, sizes
   capped at 1.5·n/K, uniform quota, peripheral members, loss weight K·|C_k|/N, select before training) on one
@@ -22,7 +25,8 @@ Arms, each from the same model initialisation (per seed), the same recipe and th
   allocation does; only the dealing of clusters to ranks differs (irrelevant on one process);
 - `cfg:FIELD=VALUE,...`: `ClusterTrainer` with those `ClusterSelectConfig` fields changed (ablations).
 
-Every cell records the task's metrics, the examples trained and the measured wall seconds of the arm's `train()`;
+Every cell records the task's metrics, the examples trained and the measured wall seconds of the arm's `train()`
+(for a ClusterTrainer arm: warm-up, feature pass from a cold cache — `feature_cache=False` — selection and training);
 the summary gives mean ± std over seeds and the paired per-seed difference against `random` (the sign is such that
 a positive difference is better). The class/skill distribution of each kept set, weighted by its loss weights, is
 compared with the full data by total-variation distance, next to the random subset's, with the smallest kept share
@@ -57,9 +61,13 @@ PAPER_SELECTION = dict(selection_warmup_steps=0, cluster_method="kmeans", kmeans
                        quota="uniform", within_cluster="peripheral", balance_tokens=False)
 
 
+STOCK_ARMS = ("full", "random", "random_same_steps")  # stock-Trainer arms
+
+
 def arm_config(arm: str, fraction: float, seed: int) -> ClusterSelectConfig | None:
-    """The `ClusterSelectConfig` of a ClusterTrainer arm; `None` for the stock-Trainer arms."""
-    if arm in ("full", "random"):
+    """The `ClusterSelectConfig` of a ClusterTrainer arm; `None` for the stock-Trainer arms. Features are never read
+    from the feature cache (`feature_cache=False` unless an arm sets it): every arm pays its feature pass."""
+    if arm in STOCK_ARMS:
         return None
     overrides: dict = {}
     if arm == "paper_selection":
@@ -75,7 +83,14 @@ def arm_config(arm: str, fraction: float, seed: int) -> ClusterSelectConfig | No
                 overrides[key] = value
     elif arm != "default":
         raise ValueError(f"unknown arm {arm!r}")
+    overrides.setdefault("feature_cache", False)
     return ClusterSelectConfig.from_flat(dict(data_fraction=fraction, selection_seed=seed, **overrides))
+
+
+def reference_arm(arms: list[str]) -> str | None:
+    """The ClusterTrainer arm whose optimizer steps `random_same_steps` matches: the first one listed before it."""
+    before = arms[: arms.index("random_same_steps")] if "random_same_steps" in arms else arms
+    return next((a for a in before if a not in STOCK_ARMS), None)
 
 
 def group_balance(groups: np.ndarray, n_groups: int, indices: np.ndarray, weights: np.ndarray) -> dict:
@@ -104,17 +119,20 @@ class EpochCurve(TrainerCallback):
         self.seconds += time.perf_counter() - start
 
 
-def run_arm(task, arm: str, fraction: float, seed: int, out_dir: str, curve: bool = False) -> dict:
+def run_arm(task, arm: str, fraction: float, seed: int, out_dir: str, curve: bool = False,
+            max_steps: int | None = None) -> dict:
     """Train one arm and evaluate it; returns the cell. `curve`: also evaluate after every epoch (`curve` in the
-    cell: the main metric per epoch; `seconds` excludes that evaluation)."""
+    cell: the main metric per epoch; `seconds` excludes that evaluation). `max_steps`: train for exactly that many
+    optimizer steps (epochs repeat the subset), the `random_same_steps` arm."""
+    recipe = dict(task.recipe, **({} if max_steps is None else {"max_steps": int(max_steps)}))
     args = TrainingArguments(output_dir=out_dir, seed=seed, use_cpu=True, report_to=[], save_strategy="no",
-                             logging_steps=10**6, disable_tqdm=True, dataloader_num_workers=0, **task.recipe)
+                             logging_steps=10**6, disable_tqdm=True, dataloader_num_workers=0, **recipe)
     model = task.make_model(seed)
     n = len(task.train)
     config = arm_config(arm, fraction, seed)
     if config is None:
         indices = np.arange(n)
-        if arm == "random":
+        if arm in ("random", "random_same_steps"):  # the same rows: only the step count differs
             budget = selection_budget(n, fraction)
             indices = np.sort(np.random.default_rng([seed, 7]).choice(n, size=budget, replace=False))
         trainer = Trainer(model=model, args=args, train_dataset=task.train.select(indices),
@@ -168,13 +186,20 @@ def summarise(cells: list[dict], main: str, higher_is_better: bool) -> list[dict
     for task, fraction, arm in keys:
         mine = {c["seed"]: c for c in cells if (c["task"], c["fraction"], c["arm"]) == (task, fraction, arm)}
         base = {c["seed"]: c for c in cells if (c["task"], c["fraction"], c["arm"]) == (task, fraction, "random")}
+        same = {c["seed"]: c for c in cells
+                if (c["task"], c["fraction"], c["arm"]) == (task, fraction, "random_same_steps")}
         values = np.array([c[main] for c in mine.values()])
         paired = np.array([sign * (mine[s][main] - base[s][main]) for s in sorted(mine) if s in base])
+        equal = np.array([sign * (mine[s][main] - same[s][main]) for s in sorted(mine) if s in same])
+        if arm in STOCK_ARMS or not any(mine[s].get("selection_seconds") is not None for s in mine):
+            equal = np.zeros(0)  # equal steps: ClusterTrainer arms only
         rows.append(dict(task=task, fraction=fraction, arm=arm, metric=main, n_seeds=len(values),
                          mean=float(values.mean()), std=float(values.std(ddof=1)) if len(values) > 1 else 0.0,
                          paired_gain_vs_random=float(paired.mean()) if paired.size else None,
                          paired_gain_std=float(paired.std(ddof=1)) if paired.size > 1 else None,
                          wins_vs_random=int((paired > 0).sum()) if paired.size else None,
+                         paired_gain_vs_same_steps=float(equal.mean()) if equal.size else None,
+                         wins_vs_same_steps=int((equal > 0).sum()) if equal.size else None,
                          tv_distance=float(np.mean([c["tv_distance"] for c in mine.values()])),
                          min_share_ratio=float(np.min([c["min_share_ratio"] for c in mine.values()])),
                          seconds=float(np.mean([c["seconds"] for c in mine.values()]))))
@@ -218,7 +243,8 @@ def _table(rows: list[dict], metric: str, higher_is_better: bool, result: dict, 
     fractions = sorted({r["fraction"] for r in rows if r["arm"] != "full"})
     arms = [a for a in result["arms"] if a != "full"]
     tail = " / TV / min share" if balance else ""
-    head = "| arm | " + " | ".join(f"f = {f:g}: {metric} (gain vs random, wins){tail}" for f in fractions)
+    head = "| arm | " + " | ".join(f"f = {f:g}: {metric} (gain vs random, wins) [vs random_same_steps]{tail}"
+                                   for f in fractions)
     lines = [head + " |", "|---|" + "---|" * len(fractions)]
     for arm in arms:
         cells = []
@@ -229,6 +255,9 @@ def _table(rows: list[dict], metric: str, higher_is_better: bool, result: dict, 
                 continue
             gain = "" if arm == "random" or r["paired_gain_vs_random"] is None else (
                 f" ({scale * r['paired_gain_vs_random']:+.{digits}f}, {r['wins_vs_random']}/{r['n_seeds']})")
+            if r.get("paired_gain_vs_same_steps") is not None:
+                gain += (f" [same steps: {scale * r['paired_gain_vs_same_steps']:+.{digits}f}, "
+                         f"{r['wins_vs_same_steps']}/{r['n_seeds']}]")
             extra = f" / {r['tv_distance']:.3f} / {r['min_share_ratio']:.2f}" if balance else ""
             cells.append(f"{scale * r['mean']:.{digits}f} ± {scale * r['std']:.{digits}f}{gain}{extra}")
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
@@ -304,8 +333,15 @@ def main(argv: list[str] | None = None) -> int:
             for arm in args.arms:
                 if arm == "full" and fraction != args.fractions[0]:
                     continue  # one full-data run per seed
+                max_steps = None
+                if arm == "random_same_steps":  # as many optimizer steps as the reference arm, warm-up included
+                    reference = reference_arm(args.arms)
+                    max_steps = next(c["steps"] for c in cells + earlier.get("cells", [])
+                                     if (c["arm"], c["fraction"], c["seed"]) == (reference, fraction, seed))
                 cell = run_arm(task, arm, 1.0 if arm == "full" else fraction, seed, os.path.join(work, arm),
-                               curve=arm in args.curve)
+                               curve=arm in args.curve, max_steps=max_steps)
+                if max_steps is not None:
+                    cell["reference_arm"] = reference
                 cell["commit"] = commit
                 cells.append(cell)
                 print(json.dumps({k: v for k, v in cell.items() if not k.startswith("loss_skill_")}), flush=True)

@@ -10,6 +10,10 @@
   fully fine-tuned one epoch with the demo's recipe; held-out answer loss (mean over problems) and length-normalised
   multiple-choice accuracy.
 
+- `20ng_noise20`, `20ng_noise40`, `ni_noise20`, `ni_noise40`: the same pools with 20 / 40% of the labels replaced
+  (20ng) or of the replies swapped with another skill's (ni); `20ng_dup30`, `20ng_dup60`, `ni_dup30`, `ni_dup60`:
+  with 30 / 60% extra rows that exactly or nearly duplicate rows of the pool (`quality_pools.py`). Test sets clean.
+
 Pools are fixed by `POOL_SEED`; the run seed changes the random subset, the selection seed and the model's head
 initialisation, identically for every arm of that seed.
 """
@@ -224,3 +228,21 @@ def load_mathqa(quick: bool) -> Task:
 
 TASKS = {"20ng": load_20ng, "ni": load_ni, "ni_stripped": functools.partial(load_ni, instruction=False),
          "mathqa": load_mathqa}
+
+
+def _corrupted_loader(base: Callable[..., Task], **corruption: float) -> Callable[..., Task]:
+    def load(quick: bool, **kwargs) -> Task:
+        import quality_pools  # imports this module: loaded on first use
+
+        return quality_pools.corrupted(base(quick, **kwargs), **corruption)
+
+    return load
+
+
+# noisy and redundant pools (`quality_pools.py`): `20ng_noise40` = 40% of the labels replaced, `ni_dup60` = 60% extra
+# rows that duplicate rows of the pool; the test sets stay clean
+for _name in ("20ng", "ni"):
+    for _rate in (20, 40):
+        TASKS[f"{_name}_noise{_rate}"] = _corrupted_loader(TASKS[_name], label_noise=_rate / 100)
+    for _rate in (30, 60):
+        TASKS[f"{_name}_dup{_rate}"] = _corrupted_loader(TASKS[_name], duplicates=_rate / 100)

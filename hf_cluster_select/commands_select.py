@@ -327,7 +327,7 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
     table.to_parquet(os.path.join(args.output, "selection.parquet"))
     write_report_files(args.output, report, base_model=None)
     save_selection(args.output, chosen, labels=result.labels, raw_labels=result.raw_labels, config=config.to_dict(),
-                   fingerprint=fingerprint, extra={"report": report.to_dict()})
+                   fingerprint=fingerprint, extra={"report": report.to_dict()}, difficulty=outcome.difficulty)
     clusters = inspection(result, weights, kept, lengths, losses, texts,
                           relevance=(outcome.target or {}).get("cluster_relevance"))
     with open(os.path.join(args.output, "clusters.json"), "w", encoding="utf-8") as handle:

@@ -17,6 +17,7 @@ from .settings import TargetSettings, check_bool, check_choice, check_optional_i
 
 AUTO_FEATURE = "auto"  # not a registered signal: resolved per model by features/choice.py
 BUDGET_UNITS = ("examples", "tokens")
+BATCH_ORDERS = ("shuffled", "easy_to_hard")  # `order`; the curriculum lives in batching/curriculum.py
 TARGET_SOURCES = ("eval",)  # `target` values besides None; a target set can also be given to the trainer
 TARGET_STAGE = "target"  # the settings of targeted selection (`TargetSettings`), next to the four strategy stages
 
@@ -46,6 +47,8 @@ class ClusterSelectConfig:
     Mirzasoleiman et al., ICML 2020) with uniform weights, an exact budget and a cluster-mixed allocation
     (token-balanced across ranks when there are several: `balance_tokens="auto"`).
     `ClusterSelectConfig.paper()` returns CluSTER's published recipe (Kim et al., EMNLP 2026) for comparison.
+    `order="easy_to_hard"` trains every epoch from easy to hard examples by their feature-pass loss (a curriculum:
+    Bengio et al., ICML 2009; `batching/curriculum.py`).
 
     Raises:
         ValueError: from `__post_init__`, naming the field (or `strategy_kwargs` key) and the value it got.
@@ -94,6 +97,12 @@ class ClusterSelectConfig:
         "help": "Targeted selection: 'eval' = keep the examples that teach the trainer's eval_dataset (a dict of "
                 "eval datasets = one target task each); None = untargeted, unless the trainer is given "
                 "target_dataset. Settings: target_rule, target_coverage, target_column (strategy_kwargs)."})
+    order: str = field(default="shuffled", metadata={
+        "help": "Order of the kept examples over each epoch: 'shuffled'; or 'easy_to_hard' = each cluster's members "
+                "by increasing feature-pass loss after the warm-up (a curriculum), every micro-step still mixing the "
+                "clusters. Batch order only: a resumed run may change it. Not with allocation='paper' or "
+                "data_fraction=1.0.",
+        "choices": list(BATCH_ORDERS)})
 
     def __post_init__(self) -> None:
         self._check_core_fields()
@@ -133,6 +142,7 @@ class ClusterSelectConfig:
             self.target = None
         if self.target is not None:
             check_choice("target", self.target, TARGET_SOURCES)
+        check_choice("order", self.order, BATCH_ORDERS)
 
     def _chosen_settings_classes(self) -> dict[str, type]:
         """Stage → settings class of the chosen strategy (`feature="auto"` takes the stage's base class)."""
@@ -173,6 +183,11 @@ class ClusterSelectConfig:
                              f"quota={quota!r}.")
         if self.target is not None:
             check_target_combination(self)
+        if self.order == "easy_to_hard" and (self.allocation == "paper" or self.data_fraction >= 1.0):
+            raise ValueError(
+                f"`order`='easy_to_hard' needs `allocation`='balanced' (one cluster per rank has no global order) and "
+                f"`data_fraction` < 1 (the order comes from the feature pass, which keeping everything skips), got "
+                f"allocation={self.allocation!r}, data_fraction={self.data_fraction}.")
 
     # ---- resolved settings ------------------------------------------------------------------------------------
     def _settings(self, stage: str) -> Any:

@@ -309,7 +309,8 @@ class FeatureCache:
 
     def save(self, identity: dict, arrays: dict[str, np.ndarray | None]) -> str:
         """Store `arrays` (the names of `load`; `None` values are left out) with their identity and manifest; returns
-        the folder. A sound existing entry of the same key is kept (same identity, same features); a bad one replaced.
+        the folder. A sound existing entry of the same key holding every array given is kept; a bad one, or one
+        without an array given here (an older version's, without a truncated pass's `losses`), is replaced.
 
         Raises:
             ValueError: if the arrays fail `check_arrays` (a bad entry). OSError: if the folder cannot be written.
@@ -319,7 +320,8 @@ class FeatureCache:
             raise ValueError(f"not storing these features in the cache: {problem}.")
         self.remove_stale_staging()
         folder = self.path(identity)
-        if os.path.isdir(folder) and self._read(folder, identity)[1] is None:
+        stored, problem = self._read(folder, identity) if os.path.isdir(folder) else (None, "none")
+        if problem is None and set(arrays) <= set(stored):
             return folder
         shutil.rmtree(folder, ignore_errors=True)  # a bad entry, if any
         os.makedirs(self.directory, exist_ok=True)

@@ -1,7 +1,8 @@
 """Saving and loading a selection next to a checkpoint (layer L2).
 
 A checkpoint folder gets `cluster_selection.npz`: kept indices, per-example weights, the cluster label and raw
-clusterer label of every example, the config and a fingerprint of the training data. The file is written to a
+clusterer label of every example, the kept examples' difficulty (feature-pass loss, for `order="easy_to_hard"`;
+absent in files of older versions), the config and a fingerprint of the training data. The file is written to a
 temporary name and renamed, so it is either complete or absent, never half-written. `validate_saved_selection`
 checks its contents (on load, and again against the dataset before a run adopts it): a NaN or negative weight, an
 index out of range or repeated, labels of the wrong length would otherwise be trained on without a word.
@@ -54,8 +55,9 @@ def data_fingerprint(lengths: np.ndarray, tokens: str | None = None) -> str:
     return digest.hexdigest()
 
 
-# Config fields that do not change which examples are selected or their weights (batching only).
-NOT_SELECTION_FIELDS = frozenset({"balance_tokens", "balance_window", "feature_batch_size"})
+# Config fields that do not change which examples are selected or their weights (batching only: a resumed run may
+# change them, and trains its remaining batches in the new setting's plan).
+NOT_SELECTION_FIELDS = frozenset({"balance_tokens", "balance_window", "feature_batch_size", "order"})
 
 
 def _resolved(values: dict) -> dict:
@@ -90,6 +92,8 @@ class SavedSelection:
         fingerprint (`str`): `data_fingerprint` of the data it was selected from.
         extra (`dict`): measured figures (seconds, counts) stored with it.
         path (`str` or `None`): the file it was read from (`None` when built in memory); errors name it.
+        difficulty (`np.ndarray` of shape `[n_kept]`, float, or `None`): feature-pass loss of each kept example (the
+            curriculum order's, `batching/curriculum.py`); `None` when not stored (older versions, no losses).
     """
 
     selection: Selection
@@ -99,18 +103,11 @@ class SavedSelection:
     fingerprint: str
     extra: dict
     path: str | None = None
+    difficulty: np.ndarray | None = None
 
 
-def save_selection(
-    folder: str,
-    selection: Selection,
-    *,
-    labels: np.ndarray,
-    raw_labels: np.ndarray,
-    config: dict,
-    fingerprint: str,
-    extra: dict | None = None,
-) -> str:
+def save_selection(folder: str, selection: Selection, *, labels: np.ndarray, raw_labels: np.ndarray, config: dict,
+                   fingerprint: str, extra: dict | None = None, difficulty: np.ndarray | None = None) -> str:
     """Write `folder/cluster_selection.npz` atomically (temporary file + `os.replace`).
 
     Args:
@@ -121,6 +118,8 @@ def save_selection(
         config (`dict`): the selection config as a dictionary.
         fingerprint (`str`): `data_fingerprint` of the training data.
         extra (`dict`, *optional*): JSON-serialisable measured figures to keep with it.
+        difficulty (`np.ndarray` of shape `[n_kept]`, float, *optional*): feature-pass loss of each kept example, so
+            that a resumed `order="easy_to_hard"` run replays the same batches.
     Returns:
         `str`: the path written.
     Raises:
@@ -133,19 +132,15 @@ def save_selection(
     for stale in glob.glob(temporary_pattern(path)):  # left by a run killed mid-write
         os.remove(stale)
     with atomic_open(path, "wb") as f:
-        np.savez(
-            f,
-            indices=np.asarray(selection.indices, dtype=np.int64),
-            weights=np.asarray(selection.weights, dtype=np.float64),
-            kept_labels=np.asarray(selection.labels, dtype=np.int64),
-            labels=np.asarray(labels, dtype=np.int64),
-            raw_labels=np.asarray(raw_labels, dtype=np.int64),
-            meta=np.array(meta),
-        )
+        optional = {} if difficulty is None else {"difficulty": np.asarray(difficulty, dtype=np.float64)}
+        np.savez(f, indices=np.asarray(selection.indices, dtype=np.int64),
+                 weights=np.asarray(selection.weights, dtype=np.float64),
+                 kept_labels=np.asarray(selection.labels, dtype=np.int64), labels=np.asarray(labels, dtype=np.int64),
+                 raw_labels=np.asarray(raw_labels, dtype=np.int64), meta=np.array(meta), **optional)
     return path
 
 
-_ARRAYS = ("indices", "weights", "kept_labels", "labels", "raw_labels")
+_ARRAYS = ("indices", "weights", "kept_labels", "labels", "raw_labels", "difficulty")
 _UNREADABLE = (OSError, EOFError, KeyError, ValueError, TypeError, zipfile.BadZipFile, zlib.error)
 
 
@@ -179,7 +174,7 @@ def _read_selection(path: str) -> SavedSelection:
                           n_total=meta.get("n_total"))
     return SavedSelection(selection=selection, labels=arrays["labels"], raw_labels=arrays["raw_labels"],
                           config=meta.get("config"), fingerprint=meta.get("fingerprint"),
-                          extra=meta.get("extra", {}), path=path)
+                          extra=meta.get("extra", {}), path=path, difficulty=arrays["difficulty"])
 
 
 def load_selection(folder: str) -> SavedSelection | None:
@@ -228,8 +223,9 @@ def validate_saved_selection(saved: SavedSelection, path: str | None = None, n_e
     Checked: `n_total` an int >= 1; `indices` `[n_kept]` integers, non-empty, in `[0, n_total)`, unique, sorted
     ascending; `weights` `[n_kept]` floats, finite, > 0, summing to `n_total` within a relative 1e-6 (the weighted
     kept set stands for the full data); `kept_labels` `[n_kept]` integers >= 0; `labels` and `raw_labels`
-    `[n_total]` integers; `config` a dict that `ClusterSelectConfig.from_dict` accepts; `fingerprint` a non-empty
-    str; `extra` (and its `report`, `model_config`) a dict.
+    `[n_total]` integers; `difficulty`, when stored, `[n_kept]` floats (NaN allowed: sorts last); `config` a dict
+    that `ClusterSelectConfig.from_dict` accepts; `fingerprint` a non-empty str; `extra` (and its `report`,
+    `model_config`) a dict.
 
     Args:
         saved (`SavedSelection`): what `load_selection` read, or one built in memory.
@@ -279,6 +275,8 @@ def validate_saved_selection(saved: SavedSelection, path: str | None = None, n_e
         fail("kept_labels", f"must be clusters >= 0; {_first(kept_labels < 0, 'negative', kept_labels)}")
     _array(saved.labels, "labels", n_total, "n_total", fail)
     _array(saved.raw_labels, "raw_labels", n_total, "n_total", fail)
+    if saved.difficulty is not None:
+        _array(saved.difficulty, "difficulty", n_kept, "n_kept", fail, kind=np.floating)
     if not isinstance(saved.config, dict):
         fail("config", "is missing" if saved.config is None else
              f"must be a dict (ClusterSelectConfig.to_dict()); found {type(saved.config).__name__}")

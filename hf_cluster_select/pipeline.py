@@ -41,11 +41,15 @@ class SelectionOutcome:
         loss_tokens (`np.ndarray` of shape `[n_examples]` or `None`): loss-bearing tokens counted by the feature
             pass; `None` when no feature pass ran (`keep_everything`).
         losses (`np.ndarray` of shape `[n_examples]` or `None`): per-example losses of the feature pass (nats), when
-            the signal gives them.
+            the signal gives them and the pass ran every block (what the loss-based within-cluster rules take).
         features_from_cache (`bool` or `None`): whether the features came from the feature cache; `None` = none.
         feature_map (`dict` or `None`): `feature_map_points` of the features (2-D PCA of a sample).
         target (`dict` or `None`): with a target set, what targeted selection did (`select_targeted`'s summary plus
             the target's `source`, `task_names`, `n_target_per_task` and whether its features came from the cache).
+        difficulty (`np.ndarray` of shape `[n_kept]`, float64, or `None`): the feature pass's loss (nats) of each kept
+            example, aligned with `selection.indices`: the curriculum order's difficulty (`batching/curriculum.py`),
+            also after a truncated pass (its head after the first blocks: a logit-lens proxy); `None` when the signal
+            gives no losses or no feature pass ran.
     """
 
     selection: Selection
@@ -55,6 +59,7 @@ class SelectionOutcome:
     features_from_cache: bool | None = None
     feature_map: dict | None = None
     target: dict | None = None
+    difficulty: np.ndarray | None = None
 
 
 def select_with_model(
@@ -117,23 +122,27 @@ def select_with_model(
             batch_size=batch_size, show_progress=False, cache=cache, identity=target_identity)
     clock.stop("features")
     clock.start("clustering")
+    rule_losses = None if facts.feature_layers is not None else losses  # a truncated pass's are not the model's
     payload = None
     if distributed.rank() == 0:
         result = cluster_features(np.asarray(features), config, world_size=distributed.world_size(),
                                   loss_tokens=loss_tokens, merge_unclusterable=merge_unclusterable)
         target_summary = None
         if target is None:
-            chosen = select_subset(result, config, norms=norms, losses=losses, strata=facts.strata, lengths=lengths)
+            chosen = select_subset(result, config, norms=norms, losses=rule_losses, strata=facts.strata,
+                                   lengths=lengths)
         else:
             chosen, target_summary = _select_for_target(result, features, target, target_features, target_tokens,
                                                         config)
             target_summary["features_from_cache"] = target_from_cache
         summary = dataclasses.replace(result, reduced=np.zeros((result.labels.size, 0), dtype=np.float32))
-        payload = (chosen, summary, feature_map_points(features, config.selection_seed), target_summary)
-    chosen, summary, feature_map, target_summary = distributed.broadcast_object(payload)
+        difficulty = None if losses is None else np.asarray(losses, dtype=np.float64)[chosen.indices]
+        payload = (chosen, summary, feature_map_points(features, config.selection_seed), target_summary, difficulty)
+    chosen, summary, feature_map, target_summary, difficulty = distributed.broadcast_object(payload)
     clock.stop("clustering")
-    return SelectionOutcome(chosen, summary, np.asarray(loss_tokens), None if losses is None else np.asarray(losses),
-                            from_cache, feature_map, target_summary)
+    return SelectionOutcome(chosen, summary, np.asarray(loss_tokens),
+                            None if rule_losses is None else np.asarray(rule_losses), from_cache, feature_map,
+                            target_summary, difficulty)
 
 
 def _select_for_target(result: ClusteringResult, features: Any, target: TargetSet, target_features: Any,
@@ -169,10 +178,15 @@ def cached_or_computed_features(model, dataset, collator, *, config: ClusterSele
     """`(features [n, dim] on rank 0 (None elsewhere on a cache hit), loss_tokens [n], norms, losses, from_cache)`:
     from the cache when rank 0 finds `identity` there, else from the feature pass (`facts.feature` after
     `facts.feature_layers` blocks) on every rank's shard, stored in the cache by rank 0 (a failed store is logged,
-    never raised)."""
+    never raised). `losses` are the pass's own, also after a truncated pass (the head after the first blocks; the
+    caller keeps them from the loss-based rules); an entry stored without them by an older version is a miss when
+    `order="easy_to_hard"` needs them."""
     n = len(lengths)
     use_cache = cache is not None and identity is not None
     cached = cache.load(identity) if use_cache and distributed.rank() == 0 else None
+    if (cached is not None and cached.get("losses") is None and facts.feature_layers is not None
+            and config.order == "easy_to_hard"):
+        cached = None  # computed again, with the truncated pass's losses, and stored over the old entry
     if distributed.broadcast_object(cached is not None):  # every rank takes the same branch
         small = distributed.broadcast_object({k: cached.get(k) for k in ("loss_tokens", "norms", "losses")}
                                              if cached is not None else None)
@@ -189,8 +203,6 @@ def cached_or_computed_features(model, dataset, collator, *, config: ClusterSele
     loss_tokens = distributed.gather_rows(output.loss_tokens.reshape(-1, 1), local, n).reshape(-1).numpy()
     norms, losses = (None if v is None else distributed.gather_rows(v.reshape(-1, 1), local, n).reshape(-1).numpy()
                      for v in (output.norms, output.losses))  # a custom signal may leave them out
-    if facts.feature_layers is not None:
-        losses = None  # a truncated pass's losses are not the model's (features/choice.py)
     if use_cache and distributed.rank() == 0 and bool((loss_tokens > 0).any()):
         try:
             cache.save(identity, {"features": features.numpy(), "loss_tokens": loss_tokens, "norms": norms,

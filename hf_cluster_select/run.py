@@ -13,15 +13,17 @@ and its samplers into DataLoaders. It is tested in milliseconds without a Traine
 
 from __future__ import annotations
 
+import logging
 import os
-import warnings
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
+from . import distributed
 from ._types import RunFacts, Selection, TargetSet
 from .batching.allocations import get_allocation
+from .batching.curriculum import check_difficulty, resolve_difficulty
 from .batching.padding import plan_padded_tokens, random_batch_padded_tokens
 from .batching.plan import micro_steps_capacity
 from .batching.sampler import ClusterBatchSampler
@@ -32,9 +34,11 @@ from .features.choice import describe_feature, feature_used
 from .persistence import SavedSelection, config_differences, data_fingerprint, save_selection, validate_saved_selection
 from .pipeline import select_with_model
 from .reporting.report import SelectionReport
-from .schedule import StepPlan, plan_steps, resolve_warmup_steps
+from .schedule import StepPlan, plan_steps, resolve_warmup_steps, warn_if_subset_unseen
 from .selection.budget import selection_budget
 from .settings import resolve_balance_tokens
+
+logger = logging.getLogger(__name__)
 
 
 def resolve_run_facts(model: torch.nn.Module, config: ClusterSelectConfig, *, shift_labels: bool,
@@ -59,19 +63,6 @@ def resolve_run_facts(model: torch.nn.Module, config: ClusterSelectConfig, *, sh
                     feature_used=describe_feature(feature, layers), loss_weighted=bool(weighted),
                     strata=None if strata is None else tuple(strata), token_digest=token_digest,
                     model_config=model_config, n_dropped_by_preparation=n_dropped_by_preparation)
-
-
-def _warn_if_subset_unseen(plan: StepPlan, config: ClusterSelectConfig) -> None:
-    """Warn when `max_steps` ends training before one pass over the kept set: the feature pass and clustering then
-    pay for examples that are never trained on (a smaller `data_fraction` would select for the steps there are)."""
-    if plan.selected_steps_per_epoch and plan.selected_steps < plan.selected_steps_per_epoch:
-        seen = min(plan.n_kept, plan.selected_steps * plan.global_batch_size)
-        warnings.warn(
-            f"max_steps leaves {plan.selected_steps} optimizer steps after the warm-up, fewer than one pass over the "
-            f"{plan.n_kept} {'planned' if config.budget_unit == 'tokens' else 'kept'} examples "
-            f"({plan.selected_steps_per_epoch} steps): about {seen} of them will be "
-            f"trained on, yet features are computed for all {plan.n_examples}. Lower data_fraction (to about "
-            f"{max(seen, 1) / plan.n_examples:.3g}) or raise max_steps.", UserWarning, stacklevel=3)
 
 
 class SelectionRun:
@@ -129,12 +120,14 @@ class SelectionRun:
         n = int(self.lengths.size)
         n_kept = selection_budget(n, config.data_fraction)
         self.plan: StepPlan = self._plan(n_kept, self._warmup_steps(n, n_kept, lr_warmup_steps))
-        _warn_if_subset_unseen(self.plan, config)
+        warn_if_subset_unseen(self.plan, config.budget_unit)
         self.fingerprint = data_fingerprint(self.lengths, facts.token_digest)
         self.target_fingerprint: str | None = None  # the target set's (`TargetSet.fingerprint`), set by the trainer
         self.selection: Selection | None = None
         self.labels: np.ndarray | None = None  # cluster of every example
         self.raw_labels: np.ndarray | None = None  # clusterer label of every example (-1 = noise)
+        self.difficulty: np.ndarray | None = None  # feature-pass loss of every kept example (batching/curriculum.py)
+        self.batch_order = self.batch_order_fallback = None  # the order the subset trains in; why it fell back
         self.report: SelectionReport | None = None
         self.pending_metrics: dict | None = None  # selection metrics to log once the training loop runs
         self.subset_sampler: ClusterBatchSampler | None = None
@@ -192,7 +185,7 @@ class SelectionRun:
         return sampler
 
     def _sampler(self, indices, labels, *, allocation: str, num_batches: int | None = None,
-                 batches_per_rank: int | None = None) -> ClusterBatchSampler:
+                 batches_per_rank: int | None = None, difficulty: np.ndarray | None = None) -> ClusterBatchSampler:
         plan, config = self.plan, self.config
         return ClusterBatchSampler(
             indices=indices, labels=labels, lengths=self.lengths[np.asarray(indices)], world_size=plan.world_size,
@@ -200,7 +193,7 @@ class SelectionRun:
             balance_tokens=resolve_balance_tokens(config.allocation_settings.balance_tokens, plan.world_size,
                                                   config.budget_unit),
             window=config.allocation_settings.balance_window, allocation=allocation, num_batches=num_batches,
-            batches_per_rank=batches_per_rank,
+            batches_per_rank=batches_per_rank, difficulty=difficulty,
         )
 
     # ---- selection --------------------------------------------------------------------------------------------
@@ -234,13 +227,14 @@ class SelectionRun:
             batch_size=batch_size, merge_unclusterable=self.allocation.exact_clusters, show_progress=show_progress,
             identity=identity, cache=cache, target=target, target_identity=target_identity,
         )
-        self.adopt(outcome.selection, outcome.clustering.labels, outcome.clustering.raw_labels)  # may re-plan
+        self.adopt(outcome.selection, outcome.clustering.labels, outcome.clustering.raw_labels,
+                   difficulty=outcome.difficulty)  # may re-plan
         report = SelectionReport.build(
             outcome.clustering, outcome.selection, self.config, lengths=self.lengths, loss_tokens=outcome.loss_tokens,
             plan=self.plan, clock=self.clock, features_from_cache=outcome.features_from_cache,
             feature_used=self.facts.feature_used if outcome.loss_tokens is not None else None,
             feature_map=outcome.feature_map, n_dropped_by_preparation=self.facts.n_dropped_by_preparation,
-            target=outcome.target)
+            target=outcome.target, batch_order=self.batch_order, batch_order_fallback=self.batch_order_fallback)
         self._take_report(report)
         return report
 
@@ -259,17 +253,21 @@ class SelectionRun:
     def _take_report(self, report: SelectionReport) -> None:
         self.report, self.pending_metrics = report, report.summary_metrics()
 
-    def adopt(self, selection: Selection, labels: Any, raw_labels: Any, report: SelectionReport | None = None) -> None:
+    def adopt(self, selection: Selection, labels: Any, raw_labels: Any, report: SelectionReport | None = None,
+              difficulty: Any = None) -> None:
         """Take `selection` as this run's: per-example loss weights, the subset sampler and (for an allocation that
         selects before training, while the plan is not frozen) the step plan re-sized to its batch count.
+
+        `difficulty` (`[n_kept]`, the kept examples' feature-pass loss, nats) is kept and saved; `order="easy_to_hard"`
+        plans by it, or without it trains shuffled (logged on rank 0; the report's `batch_order_fallback`).
 
         With `budget_unit="tokens"` the kept count may differ from `plan.n_kept`: the subset sampler then fills the
         planned `selected_batches_per_epoch` with token-balanced batches (`plan.plan_epoch(micro_steps=...)`).
 
         Raises:
             ValueError: if it kept another number of examples than the plan's budget (`budget_unit="examples"`) or
-                more than the planned steps can hold (`"tokens"`: 4·B per batch), or its batch count does not match
-                a frozen plan.
+                more than the planned steps can hold (`"tokens"`: 4·B per batch), its batch count does not match
+                a frozen plan, or `difficulty` is not `[n_kept]` floats.
         """
         plan, by_tokens = self.plan, self.config.budget_unit == "tokens"
         if selection.n_total != plan.n_examples or (selection.n_kept != plan.n_kept and not by_tokens):
@@ -284,9 +282,14 @@ class SelectionRun:
                 f"{plan.selected_steps_per_epoch} steps per epoch can hold at 4 × per_device_train_batch_size per batch "
                 "(the kept examples are much shorter than average): use budget_unit='examples', or raise "
                 "per_device_train_batch_size or data_fraction.")
-        self.selection = selection
+        self.selection, self.difficulty = selection, check_difficulty(difficulty, (selection.n_kept,))
+        ordered_by, self.batch_order, self.batch_order_fallback = resolve_difficulty(self.config.order, self.difficulty)
+        if self.batch_order_fallback and distributed.rank() == 0:
+            logger.warning("%s.", self.batch_order_fallback)
         if report is not None:
             self.report = report
+        if self.report is not None:
+            self.report.batch_order, self.report.batch_order_fallback = self.batch_order, self.batch_order_fallback
         self.labels, self.raw_labels = np.asarray(labels, dtype=np.int64), np.asarray(raw_labels, dtype=np.int64)
         batches = plan.selected_batches_per_epoch if by_tokens else self.allocation.batches_per_rank(
             selection.labels, plan.world_size, plan.per_device_batch_size)
@@ -300,13 +303,13 @@ class SelectionRun:
         dense[torch.as_tensor(selection.indices)] = torch.as_tensor(kept, dtype=torch.float32)
         self._dense_weights = dense
         self.subset_sampler = self._sampler(selection.indices, selection.labels, allocation=self.config.allocation,
-                                            batches_per_rank=batches if by_tokens else None)
+                                            batches_per_rank=batches if by_tokens else None, difficulty=ordered_by)
 
     def adopt_saved(self, saved: SavedSelection, ignore: tuple[str, ...] = (), check_model: bool = True) -> None:
         """`check_saved`, then `adopt` the selection and its report."""
         self.check_saved(saved, ignore, check_model)
         report = SelectionReport.from_dict(saved.extra["report"]) if saved.extra.get("report") else None
-        self.adopt(saved.selection, saved.labels, saved.raw_labels, report)
+        self.adopt(saved.selection, saved.labels, saved.raw_labels, report, saved.difficulty)
 
     def check_saved(self, saved: SavedSelection, ignore: tuple[str, ...] = (), check_model: bool = True) -> None:
         """Refuse a selection loaded from a checkpoint (`persistence.load_selection`) made for another run; the fields in
@@ -369,8 +372,8 @@ class SelectionRun:
 
     # ---- persistence and report -------------------------------------------------------------------------------
     def save(self, folder: str) -> str | None:
-        """Write the selection (indices, weights, labels, config, fingerprints of the data and the target set,
-        report) into `folder` atomically;
+        """Write the selection (indices, weights, labels, the kept examples' difficulty, config, fingerprints of the
+        data and the target set, report) into `folder` atomically;
         nothing before selection. Returns the path written, or `None`."""
         if self.selection is None:
             return None
@@ -380,6 +383,7 @@ class SelectionRun:
             fingerprint=self.fingerprint, extra={"report": self.report.to_dict() if self.report else None,
                                                  "model_config": self.facts.model_config,
                                                  "target_fingerprint": self.target_fingerprint},
+            difficulty=self.difficulty,
         )
 
     def finalize_report(self, measured_full_seconds: float | None = None) -> SelectionReport | None:

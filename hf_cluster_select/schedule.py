@@ -9,6 +9,7 @@ selected subset. The plan fixes every count in advance so the LR schedule spans 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass
 
 from .batching.plan import batches_per_rank
@@ -231,3 +232,17 @@ def resolve_warmup_steps(lr_warmup: float, *, max_steps: int = -1, total_without
             break
         warmup = new
     return warmup
+
+
+def warn_if_subset_unseen(plan: StepPlan, budget_unit: str) -> None:
+    """Warn when `max_steps` ends training before one pass over the kept set: the feature pass and clustering then
+    pay for examples that are never trained on (a smaller `data_fraction` would select for the steps there are).
+    `budget_unit` is `ClusterSelectConfig.budget_unit`; `SelectionRun` calls it (`stacklevel` names its caller)."""
+    if plan.selected_steps_per_epoch and plan.selected_steps < plan.selected_steps_per_epoch:
+        seen = min(plan.n_kept, plan.selected_steps * plan.global_batch_size)
+        warnings.warn(
+            f"max_steps leaves {plan.selected_steps} optimizer steps after the warm-up, fewer than one pass over the "
+            f"{plan.n_kept} {'planned' if budget_unit == 'tokens' else 'kept'} examples "
+            f"({plan.selected_steps_per_epoch} steps): about {seen} of them will be "
+            f"trained on, yet features are computed for all {plan.n_examples}. Lower data_fraction (to about "
+            f"{max(seen, 1) / plan.n_examples:.3g}) or raise max_steps.", UserWarning, stacklevel=3)

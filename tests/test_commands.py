@@ -69,6 +69,11 @@ def test_select_writes_dataset_report_and_a_reusable_selection(tmp_path, model_f
     second = json.load(open(os.path.join(again, "selection_report.json")))
     assert report["features_from_cache"] is False and second["features_from_cache"] is True
     assert second["kept_indices"] == report["kept_indices"] and second["weights"] == report["weights"]
+    from hf_cluster_select.persistence import load_selection
+
+    first_loss, second_loss = load_selection(out).difficulty, load_selection(again).difficulty  # for easy_to_hard
+    assert first_loss.shape == (10,) and np.isfinite(first_loss).all() and (first_loss > 0).all()
+    np.testing.assert_array_equal(second_loss, first_loss)  # the cached features' losses
 
 
 def test_every_config_field_is_an_option_and_none_parses():

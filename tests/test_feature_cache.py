@@ -51,7 +51,7 @@ def test_second_run_loads_the_features_and_selects_the_same(tmp_path, tiny_lm, l
     np.testing.assert_array_equal(first.selection.weights, second.selection.weights)
     entries = [e for e in os.listdir(os.environ["HF_CLUSTER_SELECT_CACHE"]) if not e.startswith(".")]
     assert len(entries) == 1 and sorted(os.listdir(os.path.join(os.environ["HF_CLUSTER_SELECT_CACHE"], entries[0]))) \
-        == ["features.npy", "identity.json", "loss_tokens.npy", "manifest.json", "norms.npy"]  # no losses: auto
+        == ["features.npy", "identity.json", "loss_tokens.npy", "losses.npy", "manifest.json", "norms.npy"]
     third = _trainer(tmp_path / "c", copy.deepcopy(tiny_lm), lm_dataset, collator, tokenizer, feature_cache=False)
     third.train()
     assert calls == [1, 1] and third.selection_report.features_from_cache is False
@@ -147,12 +147,12 @@ def test_config_field_is_checked():
 
 
 # ---- entries that check themselves (issue 20) ------------------------------------------------------------------
-def _pass(model, dataset, collator, tokenizer, cache):
+def _pass(model, dataset, collator, tokenizer, cache, order="shuffled"):
     """One run of the pipeline's feature step (`cached_or_computed_features`) on the tiny LM: `(features,
     loss_tokens, from_cache, identity)`."""
     from hf_cluster_select.pipeline import cached_or_computed_features
 
-    config = ClusterSelectConfig(data_fraction=0.5, selection_warmup_steps=0)
+    config = ClusterSelectConfig(data_fraction=0.5, selection_warmup_steps=0, order=order)
     facts = resolve_run_facts(model, config, shift_labels=True)
     lengths = [len(x["input_ids"]) for x in dataset]
     identity = feature_identity(model, config, facts, data_fingerprint=data_fingerprint(lengths, "t"),
@@ -211,6 +211,28 @@ def test_a_bad_entry_costs_one_recompute_once(corruption, tmp_path, tiny_lm, lm_
     np.testing.assert_array_equal(third, fresh)
     np.testing.assert_array_equal(third_tokens, loss_tokens)
     assert cache.keys() == [os.path.basename(folder)]
+
+
+def test_an_entry_without_the_truncated_pass_losses_is_computed_again_for_the_curriculum(
+        tmp_path, tiny_lm, lm_dataset, collator, tokenizer, monkeypatch):
+    """Older versions stored no `losses` for a truncated pass (the default LM feature): `order="shuffled"` loads
+    such an entry as it is; `"easy_to_hard"` orders by those losses, so it computes them once and replaces it. The
+    order is not part of the identity."""
+    import shutil
+
+    calls = _counting_feature(monkeypatch)
+    cache = FeatureCache(str(tmp_path))
+    fresh, _, _, identity = _pass(tiny_lm, lm_dataset, collator, tokenizer, cache)
+    arrays = {k: np.array(v) for k, v in cache.load(identity).items()}
+    assert calls == [1] and sorted(arrays) == ["features", "loss_tokens", "losses", "norms"]
+    shutil.rmtree(cache.path(identity))
+    cache.save(identity, {k: v for k, v in arrays.items() if k != "losses"})  # an older version's entry
+    assert _pass(tiny_lm, lm_dataset, collator, tokenizer, cache)[2:] == (True, identity) and calls == [1]
+    again, _, from_cache, same = _pass(tiny_lm, lm_dataset, collator, tokenizer, cache, order="easy_to_hard")
+    assert (from_cache, same, calls) == (False, identity, [1, 1])
+    np.testing.assert_array_equal(again, fresh)
+    np.testing.assert_array_equal(np.load(os.path.join(cache.path(identity), "losses.npy")), arrays["losses"])
+    assert _pass(tiny_lm, lm_dataset, collator, tokenizer, cache, order="easy_to_hard")[2] is True and calls == [1, 1]
 
 
 def test_load_removes_a_bad_entry_with_one_warning(tmp_path, caplog):

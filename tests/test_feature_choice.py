@@ -47,7 +47,8 @@ def test_auto_on_a_classifier_is_badge_and_explicit_settings_win(tokenizer):
 
 def test_default_features_are_hidden_mean_of_the_truncated_model(tokenizer, lm_dataset, collator):
     """The pipeline's default feature pass on a 3-block LM equals `hidden_mean` over its first 2 blocks, and
-    differs from `hidden_mean` over all 3."""
+    differs from `hidden_mean` over all 3; its losses are the head's after 2 blocks (a logit-lens loss), not the
+    model's."""
     model = lm(tokenizer, 3)
     n = 16
     lengths = [len(lm_dataset[i]["input_ids"]) for i in range(n)]
@@ -58,11 +59,12 @@ def test_default_features_are_hidden_mean_of_the_truncated_model(tokenizer, lm_d
         model, lm_dataset, collator, config=default, facts=facts, lengths=lengths, batch_size=4,
         show_progress=False, cache=None, identity=None)
     assert not from_cache and features.shape[0] == n and loss_tokens.shape == (n,) and norms.shape == (n,)
-    assert losses is None  # a truncated pass's losses are not the model's: dropped
     _, _, _, full_losses, _ = cached_or_computed_features(
         model, lm_dataset, collator, config=hidden, facts=resolve_run_facts(model, hidden, shift_labels=True),
         lengths=lengths, batch_size=4, show_progress=False, cache=None, identity=None)
     assert full_losses.shape == (n,) and np.isfinite(full_losses).all() and (full_losses > 0).all()
+    assert losses.shape == (n,) and np.isfinite(losses).all() and (losses > 0).all()  # the pass's own (logit lens)
+    assert np.abs(losses - full_losses).max() > 1e-3  # not the model's: the selection pipeline keeps them for order
     with truncated_layers(model, 2):
         two = hidden_mean_features(model, lm_dataset, list(range(n)), collator, batch_size=4, lengths=lengths,
                                    show_progress=False, shift_labels=True).features.numpy()
@@ -71,6 +73,30 @@ def test_default_features_are_hidden_mean_of_the_truncated_model(tokenizer, lm_d
     np.testing.assert_allclose(features, two, atol=1e-5)
     assert not np.allclose(features, every, atol=1e-3)
     assert len(model.model.layers) == 3
+
+
+def test_a_truncated_pass_gives_the_order_its_loss_but_not_the_rules(tokenizer, lm_dataset, collator, monkeypatch):
+    """`select_with_model` with the default truncated pass: the loss-based within-cluster rules get no losses (as
+    before), the curriculum's difficulty is the pass's loss of each kept example."""
+    from hf_cluster_select import pipeline
+    from hf_cluster_select.clock import PhaseClock
+
+    model, n = lm(tokenizer, 3), 32
+    dataset = lm_dataset.select(range(n))
+    lengths = [len(x["input_ids"]) for x in dataset]
+    config = ClusterSelectConfig(data_fraction=0.5, order="easy_to_hard")
+    facts = resolve_run_facts(model, config, shift_labels=True)
+    given = []
+    real = pipeline.select_subset
+    monkeypatch.setattr(pipeline, "select_subset", lambda *a, **k: given.append(k["losses"]) or real(*a, **k))
+    outcome = pipeline.select_with_model(model, dataset, collator, config=config, facts=facts, lengths=lengths,
+                                         clock=PhaseClock(), batch_size=8, show_progress=False)
+    assert given == [None] and outcome.losses is None
+    _, _, _, losses, _ = cached_or_computed_features(model, dataset, collator, config=config, facts=facts,
+                                                     lengths=lengths, batch_size=8, show_progress=False, cache=None,
+                                                     identity=None)
+    assert outcome.difficulty.shape == (16,)
+    np.testing.assert_allclose(outcome.difficulty, losses[outcome.selection.indices], rtol=1e-6)
 
 
 def test_report_and_card_name_the_feature_used(tokenizer, lm_dataset, collator, tmp_path):

@@ -22,13 +22,17 @@ def test_quick_quality_benchmark(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     completed = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--quick", "--arms", "full", "random", "default",
-         "--epochs", "2", "--curve", "full", "default", "--out", str(out)], env=env, capture_output=True, text=True, timeout=900, check=False)
+         "random_same_steps", "--epochs", "2", "--curve", "full", "default", "--out", str(out)], env=env, capture_output=True, text=True, timeout=900, check=False)
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["task"] == "20ng" and result["metric"] == "accuracy" and result["n_train"] == 96
     cells = {c["arm"]: c for c in result["cells"]}
-    assert set(cells) == {"full", "random", "default"}
+    assert set(cells) == {"full", "random", "default", "random_same_steps"}
     assert cells["full"]["n_kept"] == 96 and cells["random"]["n_kept"] == cells["default"]["n_kept"] == 48
+    # random_same_steps: random's rows, as many optimizer steps as the default arm (its warm-up included)
+    same = cells["random_same_steps"]
+    assert same["n_kept"] == 48 and same["reference_arm"] == "default"
+    assert same["steps"] == cells["default"]["steps"] > cells["random"]["steps"]
     for cell in cells.values():
         for key in ("accuracy", "macro_f1", "seconds", "tv_distance", "min_share_ratio"):
             assert math.isfinite(cell[key]), (cell["arm"], key)
@@ -46,6 +50,9 @@ def test_quick_quality_benchmark(tmp_path):
     assert converged["full"]["last_epoch_gain"] == pytest.approx(cells["full"]["curve"][1] - cells["full"]["curve"][0])
     assert rows["default"]["paired_gain_vs_random"] == pytest.approx(cells["default"]["accuracy"]
                                                                      - cells["random"]["accuracy"])
+    assert rows["default"]["paired_gain_vs_same_steps"] == pytest.approx(cells["default"]["accuracy"]
+                                                                         - same["accuracy"])
+    assert rows["random"]["paired_gain_vs_same_steps"] is None
     assert (tmp_path / "quality.png").stat().st_size > 0
     table = (tmp_path / "quality.md").read_text()
     assert "| default | " in table and f"{100 * cells['default']['accuracy']:.1f} ± 0.0" in table
@@ -60,9 +67,9 @@ def test_quick_quality_benchmark(tmp_path):
     both = json.loads(merged.read_text())
     assert not (tmp_path / "merged.partial.json").exists()  # the running cells go there, removed at the end
     assert sorted((c["arm"], c["seed"]) for c in both["cells"]) == [("default", 0), ("full", 0), ("random", 0),
-                                                                    ("random", 1)]
+                                                                    ("random", 1), ("random_same_steps", 0)]
     assert all(c["commit"] == result["commit"] for c in both["cells"]) and both["commits"] == [result["commit"]]
-    assert both["arms"] == ["full", "random", "default"]
+    assert both["arms"] == ["full", "random", "default", "random_same_steps"]
     random_row = next(r for r in both["summary"] if r["arm"] == "random")
     assert random_row["n_seeds"] == 2
     # --merge-only: several files, the later one's cells win, nothing runs
@@ -107,6 +114,7 @@ def test_quick_quality_benchmark(tmp_path):
     (["--arms", "cfg:feature_layers=8,feature_layers=4"], "each ClusterSelectConfig field or strategy setting once"),
     (["--arms", "random", "random"], "--arms lists a value twice"),
     (["--seeds", "-1"], "--seeds must be integers in [0, 2**32), got [-1]"),
+    (["--arms", "random_same_steps", "default"], "--arms random_same_steps matches the steps of a ClusterTrainer arm"),
 ])
 def test_bad_recipe_options_fail_before_any_work(tmp_path, extra, message):
     completed = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--quick", *extra,

@@ -32,8 +32,10 @@ def _args(output_dir):
 def trained(tmp_path_factory, _tiny_lm_base, lm_dataset, collator):
     """A real run (96 examples, 48 kept, 12 steps): `output_dir` with its selection and checkpoints 6 and 12."""
     output_dir = tmp_path_factory.mktemp("trained") / "out"
-    ClusterTrainer(model=copy.deepcopy(_tiny_lm_base), args=_args(output_dir), train_dataset=lm_dataset,
-                   data_collator=collator, cluster_config=CONFIG).train()
+    with pytest.MonkeyPatch.context() as patch:  # a cache of its own: the autouse private cache comes after this
+        patch.setenv("HF_CLUSTER_SELECT_CACHE", str(tmp_path_factory.mktemp("feature-cache")))
+        ClusterTrainer(model=copy.deepcopy(_tiny_lm_base), args=_args(output_dir), train_dataset=lm_dataset,
+                       data_collator=collator, cluster_config=CONFIG).train()
     assert (output_dir / "checkpoint-12" / SELECTION_FILENAME).is_file()
     return output_dir
 
@@ -72,6 +74,7 @@ def _with(array, position, value):
 def test_the_saved_selection_is_valid(trained):
     saved = load_selection(str(trained))
     assert saved.selection.n_kept == 48 and saved.selection.n_total == 96 and saved.path.endswith(SELECTION_FILENAME)
+    assert saved.difficulty.shape == (48,) and np.isfinite(saved.difficulty).all()  # kept losses (nats), any order
 
 
 def _weights_times_three(a):
@@ -121,6 +124,10 @@ CASES = {  # case: (tamper, the error after "<path>: ")
     "negative kept label": (lambda a: {"kept_labels": _with(a["kept_labels"], 1, -1)},
                             "`kept_labels` must be clusters >= 0; 1 is negative (position 1: -1)."),
     "weights missing": (lambda a: {"weights": None}, "`weights` is missing."),
+    "difficulty too short": (lambda a: {"difficulty": a["difficulty"][:-1]},
+                             "`difficulty` must hold n_kept = 48 entries; found 47."),
+    "integer difficulty": (lambda a: {"difficulty": a["difficulty"].astype(np.int64)},
+                           "`difficulty` must hold floats; found dtype int64."),
     "n_total 0": (lambda a: {"meta": {"n_total": 0}}, "`n_total` must be an int >= 1; found 0."),
     "n_total not labels' length": (lambda a: {"meta": {"n_total": 97}, "weights": a["weights"] * 97 / 96},
                                    "`labels` must hold n_total = 97 entries; found 96."),

@@ -200,6 +200,54 @@ def test_resume_gives_same_batches_and_weights(tmp_path, tiny_lm, lm_dataset, co
     assert other.state.global_step == 0
 
 
+def test_easy_to_hard_runs_each_epoch_up_the_warmup_loss_and_resumes_exactly(tmp_path, lm_dataset, collator,
+                                                                             _tiny_lm_base):
+    """`order="easy_to_hard"`: 3 warm-up steps, then 2 epochs of 12 steps over 48 kept examples (one process: fixed
+    batches). Every epoch runs from low to high feature-pass loss after the warm-up (each cluster's members in
+    increasing loss); a run resumed from checkpoint-9, mid-way through the first subset epoch, replays the same
+    batches; resuming it under `order="shuffled"` is allowed (batch order only) and trains other batches."""
+    import copy
+
+    config = ClusterSelectConfig(data_fraction=0.5, order="easy_to_hard")
+    full = build(tmp_path / "a", copy.deepcopy(_tiny_lm_base), lm_dataset, collator, config=config,
+                 save_strategy="steps", save_steps=9)
+    full.train()
+    run = full.selection_run
+    assert run.plan.warmup_steps == 3 and run.plan.selected_steps_per_epoch == 12
+    assert full.selection_report.batch_order == "easy_to_hard" and full.selection_report.batch_order_fallback is None
+    loss = dict(zip(full.selection.indices.tolist(), run.difficulty.tolist()))
+    cluster = dict(zip(full.selection.indices.tolist(), full.selection.labels.tolist()))
+    assert len(set(loss.values())) > 40  # distinct warm-up losses (nats), not a constant
+    for first in (3, 15):  # the two subset epochs
+        batches = [b for s, b in full.seen if first <= s < first + 12]
+        means = [np.mean([loss[i] for i in b]) for b in batches]
+        assert np.mean(means[:6]) < np.mean(means[6:])  # the first half of the epoch is easier than the second
+        assert np.corrcoef(np.arange(12), means)[0, 1] > 0.8  # (a shuffled run: 0.33 and 0.15)
+        for c in set(cluster.values()):  # each cluster's members in increasing loss, batch after batch
+            stream = [sorted(loss[i] for i in b if cluster[i] == c) for b in batches]
+            stream = [x for x in stream if x]
+            assert all(a[-1] <= b[0] for a, b in zip(stream, stream[1:]))
+    full.create_model_card()
+    assert "| Batch order | easy_to_hard |" in (tmp_path / "a" / "out" / "README.md").read_text()
+
+    checkpoint = tmp_path / "a" / "out" / "checkpoint-9"
+    resumed = build(tmp_path / "a", copy.deepcopy(_tiny_lm_base), lm_dataset, collator, config=config,
+                    save_strategy="steps", save_steps=9)
+    resumed.run_selection = None  # selection must be loaded, never recomputed
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert [b for s, b in resumed.seen] == [b for s, b in full.seen if s >= 9]
+    np.testing.assert_array_equal(resumed.selection_run.difficulty, run.difficulty)
+    for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
+        assert torch.allclose(p, q, atol=1e-6), name
+    shuffled = build(tmp_path / "a", copy.deepcopy(_tiny_lm_base), lm_dataset, collator,
+                     config=ClusterSelectConfig(data_fraction=0.5), save_strategy="no")
+    shuffled.train(resume_from_checkpoint=str(checkpoint))
+    assert np.array_equal(shuffled.selection.indices, full.selection.indices)
+    assert shuffled.selection_report.batch_order == "shuffled"
+    tail = [b for s, b in full.seen if s >= 9]
+    assert len(shuffled.seen) == len(tail) and shuffled.seen != resumed.seen
+
+
 def test_resume_during_warmup_then_selects(tmp_path, lm_dataset, collator, _tiny_lm_base):
     import copy
 

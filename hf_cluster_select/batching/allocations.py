@@ -9,6 +9,7 @@ An allocation answers every question that depends on it, in one place:
 - `weights_full_data`: do its loss weights differ from 1 even when every example is kept (`data_fraction=1.0`)?
 - `batches_per_rank(labels, world_size, per_device_batch_size)`: per-device batches each rank gets per epoch.
 - `plan(labels, lengths, ...)`: one epoch's per-device batches (positions); accelerate deals batch k to rank k % W.
+  The sampler passes `difficulty=` (`[m]`, the curriculum order, `curriculum.py`) only when the run orders by it.
 - `loss_weights(selection, all_labels, world_size)`: the loss weight of each kept example `[n_kept]`, mean about 1.
 
 Add one: a class with these members and `@ALLOCATIONS.register("name")` (with `settings=` for settings of its own).
@@ -45,11 +46,12 @@ class BalancedAllocation:
 
     def plan(self, labels, lengths, *, world_size, per_device_batch_size, seed, epoch,
              balance_tokens=AllocationSettings.balance_tokens, window=AllocationSettings.balance_window,
-             micro_steps=None) -> list[list[int]]:
-        """`plan.plan_epoch` (`micro_steps`: a step count fixed in advance, see there)."""
+             micro_steps=None, difficulty=None) -> list[list[int]]:
+        """`plan.plan_epoch` (`micro_steps`: a step count fixed in advance; `difficulty` `[m]`: each cluster easy
+        to hard; see there)."""
         return plan_epoch(labels, lengths, world_size=world_size, per_device_batch_size=per_device_batch_size,
                           seed=seed, epoch=epoch, balance_tokens=balance_tokens, window=window,
-                          micro_steps=micro_steps)
+                          micro_steps=micro_steps, difficulty=difficulty)
 
     def loss_weights(self, selection: Selection, all_labels: np.ndarray, world_size: int) -> np.ndarray:
         """`Selection.loss_weights()`: the selection weights rescaled to mean 1."""
@@ -76,8 +78,15 @@ class PaperAllocation:
 
     def plan(self, labels, lengths, *, world_size, per_device_batch_size, seed, epoch,
              balance_tokens=AllocationSettings.balance_tokens,
-             window=AllocationSettings.balance_window) -> list[list[int]]:
-        """`paper.plan_epoch_paper` (lengths and token balance are not used: CluSTER balances example counts)."""
+             window=AllocationSettings.balance_window, difficulty=None) -> list[list[int]]:
+        """`paper.plan_epoch_paper` (lengths and token balance are not used: CluSTER balances example counts).
+
+        Raises:
+            ValueError: for a `difficulty`: one cluster per rank has no global easy-to-hard order.
+        """
+        if difficulty is not None:
+            raise ValueError("`allocation`='paper' has no curriculum order (one cluster per rank): use "
+                             "`order`='shuffled' or `allocation`='balanced'.")
         return plan_epoch_paper(labels, world_size=world_size, per_device_batch_size=per_device_batch_size,
                                 seed=seed, epoch=epoch)
 

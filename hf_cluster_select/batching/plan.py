@@ -8,7 +8,7 @@ micro-step (group `j` = batches `[j·W, (j+1)·W)`, rank `r` gets the `r`-th bat
 Two allocations:
 - `plan_epoch` (ours): every micro-step mixes clusters in proportion to their sizes and, with `balance_tokens`, gives
   every rank about the same number of padded tokens (token-budget batches: long examples in small batches, short
-  ones in large batches).
+  ones in large batches); with a `difficulty`, each cluster's members come easy to hard (`curriculum.py`).
 - `plan_epoch_paper` (CluSTER, Kim et al., EMNLP 2026): one cluster per rank, balanced by example count only.
 """
 
@@ -21,6 +21,7 @@ import numpy as np
 
 from .._checks import check_int, check_int_array
 from ..settings import AllocationSettings, resolve_balance_tokens
+from .curriculum import check_difficulty, easy_to_hard
 from .token_budget import MAX_EXAMPLES_FACTOR, HEAD_FIT, PARTNER_SPAN, plan_token_balanced  # noqa: F401
 
 
@@ -56,12 +57,14 @@ def micro_steps_capacity(micro_steps: int, world_size: int, per_device_batch_siz
     return micro_steps * world_size * per_device_batch_size * (MAX_EXAMPLES_FACTOR if token_balanced else 1)
 
 
-def mixed_order(labels: Any, rng: np.random.Generator) -> np.ndarray:
+def mixed_order(labels: Any, rng: np.random.Generator, difficulty: np.ndarray | None = None) -> np.ndarray:
     """Stratified order of positions in which every cluster appears in proportion to its size.
 
-    Each cluster is shuffled; the clusters are then merged by earliest-deadline-first over quota windows (the
-    "chairman assignment" problem, Tijdeman 1980): with `p_c = n_c / m`, cluster `c` takes its `(i+1)`-th slot no
-    earlier than position `floor(i/p_c) + 1` and no later than `ceil((i+1)/p_c)`. Ties go to a random cluster priority.
+    Each cluster is shuffled (with `difficulty`: then sorted easy to hard, ties in the shuffled order,
+    `curriculum.easy_to_hard`; the same random draws either way); the clusters are then merged by
+    earliest-deadline-first over quota windows (the "chairman assignment" problem, Tijdeman 1980): with
+    `p_c = n_c / m`, cluster `c` takes its `(i+1)`-th slot no earlier than position `floor(i/p_c) + 1` and no later
+    than `ceil((i+1)/p_c)`. Ties go to a random cluster priority.
 
     Guarantee: every prefix of length `L` holds each cluster `c` strictly within 1 of `L·p_c`, so every contiguous
     slice of length `s` holds it strictly within 2 of `s·p_c`.
@@ -69,14 +72,19 @@ def mixed_order(labels: Any, rng: np.random.Generator) -> np.ndarray:
     Args:
         labels (`np.ndarray` of shape `[m]`, int): cluster of each position (any int values).
         rng (`np.random.Generator`): source of the shuffles.
+        difficulty (`np.ndarray` of shape `[m]`, float, *optional*): difficulty of each position (loss, nats);
+            `None` = each cluster shuffled.
     Returns:
-        `np.ndarray` of shape `[m]`, int64: a permutation of `0..m-1`.
+        `np.ndarray` of shape `[m]`, int64: a permutation of `0..m-1`; with `difficulty`, each cluster's positions
+        appear in it in increasing difficulty.
     """
     labels = np.asarray(labels)
     m = labels.shape[0]
     _, inverse = np.unique(labels, return_inverse=True)
     inverse = inverse.reshape(-1)
     members = [rng.permutation(np.flatnonzero(inverse == c)) for c in range(int(inverse.max()) + 1)]
+    if difficulty is not None:
+        members = [easy_to_hard(x, difficulty) for x in members]
     if len(members) == 1:
         return members[0].astype(np.int64)
     sizes = [len(x) for x in members]
@@ -124,6 +132,7 @@ def plan_epoch(
     balance_tokens: bool | str = AllocationSettings.balance_tokens,
     window: int = AllocationSettings.balance_window,
     micro_steps: int | None = None,
+    difficulty: Any = None,
 ) -> list[list[int]]:
     """One epoch of per-device batches, every micro-step mixing clusters in proportion and (optionally) tokens balanced.
 
@@ -144,6 +153,12 @@ def plan_epoch(
     ones few, short ones many), never more padded tokens than `B ×` the longest example; a step's example count
     varies (the Trainer normalises the loss by the loss tokens of the accumulated batch). The last step takes the
     rest. Ranks get a step's batches in random order.
+
+    `difficulty` (`ClusterSelectConfig(order="easy_to_hard")`, `curriculum.py`): each cluster's members enter the
+    order easy to hard and the clusters are merged as above, so the epoch runs from easy to hard while every step
+    keeps the cluster mix (the prefix guarantee of `mixed_order` holds). Fixed-size steps take consecutive slices of
+    that order (shuffled within a step only); token-budget steps take examples from a look-ahead of `window + 1`
+    steps of it (by length, not difficulty), so they keep it approximately.
 
     Pad: every position appears exactly once, except when `m < G·W` (only possible when `B == 1` or `m < W`): then the
     order is repeated cyclically from its start up to `G·W` examples so that every batch is non-empty (one example
@@ -169,11 +184,12 @@ def plan_epoch(
         `list[list[int]]`: `G·W` non-empty batches of positions in `0..m-1`, each with at most `B` entries
         (`MAX_EXAMPLES_FACTOR·B` with `balance_tokens`).
     Raises:
-        ValueError: if an argument is out of range, `labels` and `lengths` differ in shape, or `micro_steps` cannot
-            hold the `m` examples.
+        ValueError: if an argument is out of range, `labels` and `lengths` (or `difficulty`) differ in shape, or
+            `micro_steps` cannot hold the `m` examples.
     """
     labels = check_int_array("labels", labels)
     lengths = check_int_array("lengths", lengths, labels.shape)
+    difficulty = check_difficulty(difficulty, labels.shape)
     if lengths.min() < 1:
         raise ValueError(f"`lengths` must be ints >= 1 (tokens), got min {lengths.min()}.")
     w = check_int("world_size", world_size, 1)
@@ -187,7 +203,7 @@ def plan_epoch(
         raise ValueError(f"`micro_steps`={groups} cannot hold {m} examples at world_size={w}, per_device_batch_size={b}"
                          f" ({'at most ' + str(MAX_EXAMPLES_FACTOR) + '·B per batch' if balance_tokens else 'needs balance_tokens'}).")
     rng = epoch_rng(check_int("seed", seed, -(1 << 63)), epoch, 0)
-    order = mixed_order(labels, rng)
+    order = mixed_order(labels, rng, difficulty)
     if m < groups * w:
         order = np.resize(order, groups * w)  # documented pad: cyclic repeat from the start of the order
     if balance_tokens:

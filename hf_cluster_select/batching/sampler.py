@@ -21,6 +21,7 @@ from .._checks import check_int_array as _int_array
 from ..config import ClusterSelectConfig
 from ..settings import AllocationSettings, resolve_balance_tokens
 from .allocations import get_allocation
+from .curriculum import check_difficulty
 
 
 class ClusterBatchSampler(Sampler[list[int]]):
@@ -49,8 +50,12 @@ class ClusterBatchSampler(Sampler[list[int]]):
         batches_per_rank (`int`, *optional*): per-device batches each rank gets per epoch, fixed in advance instead of
             the allocation's count (`budget_unit="tokens"`: steps then hold about `m / batches_per_rank` examples;
             `plan.plan_epoch(micro_steps=...)`); `"balanced"` allocation only.
+        difficulty (`np.ndarray` of shape `[m]`, float, *optional*): difficulty of each kept example (its
+            feature-pass loss, nats): every epoch orders each cluster easy to hard (`ClusterSelectConfig(order=
+            "easy_to_hard")`, `curriculum.py`); `None` = shuffled. Not with `allocation="paper"`.
     Raises:
-        ValueError: if an argument is out of range, the arrays differ in shape, or `indices` is not 1-D int.
+        ValueError: if an argument is out of range, the arrays differ in shape, `indices` is not 1-D int, or a
+            `difficulty` is given to an allocation with one cluster per rank.
     """
 
     batch_size = None  # variable batch sizes: accelerate's BatchSamplerShard then drops nothing
@@ -70,6 +75,7 @@ class ClusterBatchSampler(Sampler[list[int]]):
         allocation: str = ClusterSelectConfig.allocation,
         num_batches: int | None = None,
         batches_per_rank: int | None = None,
+        difficulty: Any = None,
     ) -> None:
         labels = _int_array("labels", labels)
         lengths = _int_array("lengths", lengths, labels.shape)
@@ -92,6 +98,10 @@ class ClusterBatchSampler(Sampler[list[int]]):
             raise ValueError(f"`batches_per_rank` is only for a step count fixed in advance with the 'balanced' "
                              f"allocation, got allocation={allocation!r}.")
         self.fixed_batches_per_rank = None if batches_per_rank is None else int(batches_per_rank)
+        self.difficulty = check_difficulty(difficulty, labels.shape)
+        if self.difficulty is not None and strategy.exact_clusters:
+            raise ValueError(f"`difficulty` (order='easy_to_hard') needs a cluster-mixed allocation, got "
+                             f"allocation={allocation!r} (one cluster per rank has no global order).")
         self.indices = indices
         self.labels = labels
         self.lengths = lengths
@@ -138,7 +148,8 @@ class ClusterBatchSampler(Sampler[list[int]]):
                                   epoch=_int("epoch", epoch, 0), balance_tokens=self.balance_tokens,
                                   window=self.window,
                                   **({} if self.fixed_batches_per_rank is None else
-                                     {"micro_steps": self.fixed_batches_per_rank}))
+                                     {"micro_steps": self.fixed_batches_per_rank}),
+                                  **({} if self.difficulty is None else {"difficulty": self.difficulty}))
 
     def __iter__(self) -> Iterator[list[int]]:
         remaining = len(self)

@@ -12,8 +12,9 @@
   20 Newsgroups benchmarks chose it).
 
 An explicit `feature_layers` overrides the depth; any other `feature` is used as given. A truncated pass's
-per-example losses are not the model's (they come from the first blocks and the head): the pipeline drops them, so
-the loss-based within-cluster rules fall back as their docstrings say and the report shows no loss.
+per-example losses are not the model's (they come from the first blocks and the head): the pipeline keeps them from
+the loss-based within-cluster rules, which fall back as their docstrings say, and the report shows no loss; they
+serve only as the difficulty of `order="easy_to_hard"` (a logit-lens proxy, `batching/curriculum.py`).
 """
 
 from __future__ import annotations

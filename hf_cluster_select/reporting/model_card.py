@@ -191,6 +191,10 @@ def _summary_rows(r: Mapping[str, Any]) -> list[tuple[str, str, str]]:
           if (r.get("config") or {}).get("budget_unit") == "tokens" else []),
         *([("Feature", r["feature_used"], "the per-example learning-effect feature the clustering used "
              "(feature='auto' resolved for this model)")] if r.get("feature_used") else []),
+        *([("Batch order", r["batch_order"], r.get("batch_order_fallback") or (
+            "each cluster's kept examples by increasing feature-pass loss after the warm-up, every step still mixing "
+            "the clusters (a curriculum)" if r["batch_order"] == "easy_to_hard" else "the kept examples in a seeded "
+            "shuffle per epoch"))] if r.get("batch_order") else []),
         *_target_rows(r.get("target")),
         ("Clusters", _count(r.get("n_clusters")), "groups examples were assigned to after the noise policy"),
         ("Noise points", _count(r.get("n_noise")), "examples the clusterer labelled -1 before assignment"),

@@ -99,6 +99,10 @@ class SelectionReport:
             `mean_relevance_pool`, `target_rule`, `target_coverage`, `self_relevance` (per task, the relevant region's
             threshold, `selection.target_self_relevance`; `None` for a one-example task), `features_from_cache`;
             `None` = untargeted.
+        batch_order (`str` or `None`): the order the subset's batches follow over each epoch, `"shuffled"` or
+            `"easy_to_hard"` (`ClusterSelectConfig.order`, `batching/curriculum.py`); `None` = no training run.
+        batch_order_fallback (`str` or `None`): why `order="easy_to_hard"` trained `"shuffled"` (no per-example
+            loss); `None` when the order asked for was used.
     """
 
     n_examples: int
@@ -148,6 +152,8 @@ class SelectionReport:
     feature_map: dict | None = None
     eval_metrics: dict | None = None
     target: dict | None = None
+    batch_order: str | None = None
+    batch_order_fallback: str | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -193,7 +199,8 @@ class SelectionReport:
                 steps); `None` for a selection outside training (the `select` command): steps stay `None`.
             clock (`PhaseClock`, *optional*): its `warmup`, `features` and `clustering` phases give the seconds.
             **measured: the remaining fields (`features_from_cache`, `feature_used`, `feature_map`,
-                `n_dropped_by_preparation`, `target`), or ones to state instead of the plan's or the clock's.
+                `n_dropped_by_preparation`, `target`, `batch_order`, `batch_order_fallback`), or ones to state
+                instead of the plan's or the clock's.
         Raises:
             ValueError: for a field out of range (see `__post_init__`).
         """

@@ -1,6 +1,7 @@
 """Real multi-process ClusterTrainer runs (torchrun, gloo on CPU, `use_cpu=True`, one thread per process).
 
-One 2-process job runs the `main`, `resume`, `select0`, `paper` and `paper_resume` scenarios of `worker.py` and one
+One 2-process job runs the `main`, `resume`, `select0`, `paper`, `paper_resume`, `target` and `curriculum` scenarios of
+`worker.py` and one
 3-process job runs `main3`, `select0` and `select0_again` (features from the cache); the tests below assert on what every rank wrote, with exact id lists
 recomputed here from the sampler (accelerate deals batch `k` of the global plan to rank `k % world_size`).
 """
@@ -48,8 +49,8 @@ def _load(folder: str, scenario: str, nproc: int) -> list[dict]:
 def two(tmp_path_factory):
     """The 2-process job: every scenario's per-rank records."""
     folder = str(tmp_path_factory.mktemp("torchrun2"))
-    scenarios = ("main", "resume", "select0", "paper", "paper_resume", "target")
-    torchrun([WORKER, folder, ",".join(scenarios)], nproc=2, timeout=240)
+    scenarios = ("main", "resume", "select0", "paper", "paper_resume", "target", "curriculum")
+    torchrun([WORKER, folder, ",".join(scenarios)], nproc=2, timeout=300)
     runs = {s: _load(folder, s, 2) for s in scenarios}
     runs["folder"] = folder
     return runs
@@ -88,7 +89,8 @@ def _expected_subset_batches(records, scenario, lengths, epoch) -> list[list[lis
     sampler = ClusterBatchSampler(indices=indices, labels=selection["labels"], lengths=lengths[indices],
                                   world_size=world, per_device_batch_size=4, seed=config.selection_seed,
                                   balance_tokens=config.allocation_settings.balance_tokens, window=config.allocation_settings.balance_window,
-                                  allocation=config.allocation)
+                                  allocation=config.allocation,
+                                  difficulty=selection["difficulty"] if config.order == "easy_to_hard" else None)
     sampler.set_epoch(epoch)
     batches = list(sampler)
     return [batches[r::world] for r in range(world)]
@@ -118,7 +120,7 @@ def test_a_second_run_loads_the_features_on_every_rank(three):
 
 def _cached_features(cache: str) -> dict[str, np.ndarray]:
     """The arrays of the one entry in the feature-cache folder `cache`, read by `FeatureCache.load` with the identity
-    stored beside them (`losses` is not stored for a truncated feature pass)."""
+    stored beside them (`losses` of a truncated feature pass too: the curriculum order's difficulty)."""
     from hf_cluster_select.feature_cache import FeatureCache
 
     (entry,) = [e for e in os.listdir(cache) if not e.startswith(".")]
@@ -173,7 +175,8 @@ def test_selection_matches_one_process_run(two, tmp_path, monkeypatch):
 
 
 # ---- 2. no double sharding ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("job, scenarios", [("two", ("main", "select0")), ("three", ("main3", "select0"))])
+@pytest.mark.parametrize("job, scenarios", [("two", ("main", "select0", "curriculum")),
+                                            ("three", ("main3", "select0"))])
 def test_each_rank_sees_exactly_its_share(job, scenarios, lengths, request):
     runs = request.getfixturevalue(job)
     for scenario in scenarios:
@@ -207,8 +210,8 @@ def test_each_rank_sees_exactly_its_share(job, scenarios, lengths, request):
 
 
 # ---- 3. equal batches and steps on every rank ----------------------------------------------------------------
-@pytest.mark.parametrize("job, scenarios", [("two", ("main", "resume", "select0", "paper", "paper_resume")),
-                                            ("three", ("main3", "select0"))])
+@pytest.mark.parametrize("job, scenarios", [("two", ("main", "resume", "select0", "paper", "paper_resume",
+                                                    "curriculum")), ("three", ("main3", "select0"))])
 def test_every_rank_takes_the_planned_steps(job, scenarios, request):
     runs = request.getfixturevalue(job)
     for scenario in scenarios:
@@ -325,3 +328,29 @@ def test_targeted_selection_on_two_ranks(two):
     trained = {i for r in records for batch in r["seen"] for i in batch["ids"]}
     assert trained == kept
     assert np.allclose([w for r in records for b in r["seen"] for w in b["weights"]], 1.0)
+
+
+# ---- 7. curriculum order -------------------------------------------------------------------------------------
+def test_easy_to_hard_on_two_ranks(two):
+    """`order="easy_to_hard"` over 2 ranks: one selection and one difficulty everywhere (so one global plan: the
+    exact ids per rank are checked against it in `test_each_rank_sees_exactly_its_share`), and the union of each
+    micro-step's batches over the ranks runs up the loss: within every cluster no member of a later step is easier
+    than one of an earlier step, and the second half of each epoch is harder than the first."""
+    records = two["curriculum"]
+    selection = records[0]["selection"]
+    assert records[1]["selection"] == selection and [r["batch_order"] for r in records] == ["easy_to_hard"] * 2
+    plan = records[0]["plan"]
+    assert (plan["n_kept"], plan["warmup_steps"], plan["selected_batches_per_epoch"]) == (36, 1, 5)
+    loss = dict(zip(selection["indices"], selection["difficulty"]))
+    cluster = dict(zip(selection["indices"], selection["labels"]))
+    assert len(set(loss.values())) == 36
+    for epoch in (1, 2):
+        per_rank = [_trained(r, epoch) for r in records]
+        steps = [per_rank[0][j] + per_rank[1][j] for j in range(plan["selected_batches_per_epoch"])]
+        assert sorted(i for step in steps for i in step) == sorted(selection["indices"])
+        for c in set(cluster.values()):
+            stream = [sorted(loss[i] for i in step if cluster[i] == c) for step in steps]
+            stream = [x for x in stream if x]
+            assert all(a[-1] <= b[0] for a, b in zip(stream, stream[1:])), (epoch, c)
+        means = [np.mean([loss[i] for i in step]) for step in steps]
+        assert np.mean(means[:2]) < np.mean(means[-2:]), epoch

@@ -12,6 +12,8 @@ Scenarios (run in the order given, in one process group, so the start-up cost is
 - `paper`: CluSTER's allocation (`ClusterSelectConfig.paper`, proportional quota) on 65 examples with uneven
   styles; one cluster per rank, per-rank loss weight K·|C_k|/N; checkpoint at step 3.
 - `paper_resume`: resumes `paper` from its checkpoint-3; selection (made before training) must not run again.
+- `curriculum`: `order="easy_to_hard"` with fixed batches (`balance_tokens=False`): warm-up 1 step, 36 of 90 kept,
+  2 epochs of 5 micro-steps, each running up the kept examples' feature-pass loss.
 
 Each rank writes `OUT/<scenario>/rank<r>.json` (trained micro-batches, loader lengths, selection, plan, logs) and
 `OUT/<scenario>/params_rank<r>.pt` (final weights). `build_trainer` is also imported by the tests to make the same
@@ -83,6 +85,12 @@ SCENARIOS["target"] = dict(  # targeted selection: 6 rows of the pool as a 2-tas
     config=dict(data_fraction=0.4, selection_warmup_steps=0, strategy_kwargs={"target_column": "task"}),
     args=dict(num_train_epochs=1),
     target=True,
+)
+SCENARIOS["curriculum"] = dict(
+    n=90,
+    config=dict(data_fraction=0.4, selection_warmup_steps=1, order="easy_to_hard",
+                strategy_kwargs={"balance_tokens": False}),
+    args=dict(num_train_epochs=2),
 )
 SCENARIOS["resume"] = SCENARIOS["main"]
 SCENARIOS["select0_again"] = SCENARIOS["select0"]  # the same run again: features from the cache on every rank
@@ -190,12 +198,14 @@ def run(scenario: str, out: str) -> None:
         feature_indices=FEATURE_CALLS,
         features_from_cache=trainer.selection_report.features_from_cache,
         target=trainer.selection_report.target,
+        batch_order=trainer.selection_report.batch_order,
         selection=dict(
             indices=trainer.selection.indices.tolist(),
             weights=trainer.selection.weights.tolist(),
             labels=trainer.selection.labels.tolist(),
             all_labels=trainer.selection_run.labels.tolist(),
             raw_labels=trainer.selection_run.raw_labels.tolist(),
+            difficulty=None if trainer.selection_run.difficulty is None else trainer.selection_run.difficulty.tolist(),
         ),
         logs=[{k: v for k, v in entry.items() if k.startswith("cluster_select/") or k in ("step", "loss")}
               for entry in trainer.state.log_history],

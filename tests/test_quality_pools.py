@@ -1,0 +1,105 @@
+"""The noisy / redundant pools of `benchmarks/quality_pools.py` and the equal-cost table of `benchmarks/pareto.py`,
+on small synthetic tasks (no model is trained)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+datasets = pytest.importorskip("datasets")
+
+import pareto  # noqa: E402
+import quality_pools  # noqa: E402
+from quality_tasks import Task  # noqa: E402
+
+
+def _task(sft: bool, n: int = 40, n_groups: int = 4) -> Task:
+    rows, groups = [], np.arange(n) % n_groups
+    for i in range(n):
+        prompt = [100 + i, 200 + i, 300 + i, 400 + i, 500 + i]
+        if sft:
+            reply = [1000 * (groups[i] + 1) + i, 7]
+            rows.append({"input_ids": prompt + reply, "labels": [-100] * 5 + reply, "attention_mask": [1] * 7})
+        else:
+            rows.append({"input_ids": [1, *prompt, 2], "attention_mask": [1] * 7, "labels": int(groups[i])})
+    return Task("toy", datasets.Dataset.from_list(rows), None, groups, n_groups, None, None, {}, None, "m", True)
+
+
+def test_label_noise_flips_the_share_of_labels_to_another_class():
+    clean = _task(sft=False)
+    noisy = quality_pools.corrupted(clean, label_noise=0.25)
+    before, after = np.asarray(clean.train["labels"]), np.asarray(noisy.train["labels"])
+    assert noisy.name == "toy_noise25" and len(noisy.train) == 40
+    assert int((before != after).sum()) == 10  # round(0.25 * 40), each to another class
+    assert after.min() >= 0 and after.max() < 4
+    assert np.array_equal(noisy.groups_train, after)
+    assert noisy.train["input_ids"] == clean.train["input_ids"]
+
+
+def test_reply_swap_keeps_the_prompt_and_takes_another_skills_reply():
+    clean = _task(sft=True)
+    noisy = quality_pools.corrupted(clean, label_noise=0.5)
+    changed = [i for i in range(40) if noisy.train[i]["labels"] != clean.train[i]["labels"]]
+    assert len(changed) == 20
+    for i in changed:
+        row = noisy.train[i]
+        assert row["input_ids"][:5] == clean.train[i]["input_ids"][:5] and row["labels"][:5] == [-100] * 5
+        reply = row["labels"][5:]
+        donor = next(j for j in range(40) if clean.train[j]["labels"][5:] == reply)
+        assert clean.groups_train[donor] != clean.groups_train[i]
+        assert row["input_ids"][5:] == reply and len(row["attention_mask"]) == len(row["input_ids"])
+    assert np.array_equal(noisy.groups_train, clean.groups_train)  # the skill is the prompt's
+
+
+@pytest.mark.parametrize("sft", [False, True])
+def test_duplicates_copy_a_small_source_set_half_exactly(sft):
+    clean = _task(sft=sft)
+    redundant = quality_pools.corrupted(clean, duplicates=0.5)
+    assert redundant.name == "toy_dup50" and len(redundant.train) == 60
+    originals = clean.train["input_ids"]
+    assert redundant.train["input_ids"][:40] == originals
+    copies = [redundant.train[i] for i in range(40, 60)]
+    exact = [c for c in copies if c["input_ids"] in originals]
+    assert len(exact) == 10  # every second copy is exact
+    sources = set()
+    for c in copies:  # a near copy differs in at most NEAR_DUPLICATE_TOKENS prompt tokens, never the reply / label
+        source = min(range(40), key=lambda j: sum(a != b for a, b in zip(originals[j], c["input_ids"])))
+        assert sum(a != b for a, b in zip(originals[source], c["input_ids"])) <= quality_pools.NEAR_DUPLICATE_TOKENS
+        assert c["labels"] == clean.train[source]["labels"]
+        sources.add(source)
+    assert len(sources) <= round(quality_pools.DUPLICATE_SOURCES * 40)
+    assert np.array_equal(redundant.groups_train[40:], [clean.groups_train[s] for s in
+                          [min(range(40), key=lambda j, c=c: sum(a != b for a, b in zip(originals[j], c["input_ids"])))
+                           for c in copies]])
+
+
+def _result(cells):
+    return {"task": "toy", "metric": "accuracy", "higher_is_better": True, "n_train": 10, "recipe": {},
+            "cells": cells}
+
+
+def test_gain_at_equal_seconds_interpolates_each_seeds_random_curve():
+    cells = []
+    for seed, shift in ((0, 0.0), (1, 0.1)):
+        cells += [dict(arm="random", fraction=0.1, seed=seed, seconds=10.0, steps=5, accuracy=0.2 + shift),
+                  dict(arm="random", fraction=0.5, seed=seed, seconds=30.0, steps=25, accuracy=0.6 + shift),
+                  dict(arm="full", fraction=1.0, seed=seed, seconds=50.0, steps=50, accuracy=0.7 + shift)]
+    cells += [dict(arm="default", fraction=0.3, seed=0, seconds=20.0, steps=16, accuracy=0.5),   # curve: 0.4
+              dict(arm="default", fraction=0.3, seed=1, seconds=60.0, steps=16, accuracy=0.7)]   # flat: full 0.8
+    task = pareto.task_points(_result(cells), ["default"])
+    assert [p["fraction"] for p in task["random_curve"]] == [0.1, 0.5, 1.0]
+    assert task["random_curve"][1]["mean"] == pytest.approx(0.65)
+    point = task["points"][0]
+    assert point["gain_at_equal_seconds"] == pytest.approx((0.1 - 0.1) / 2)
+    assert point["wins"] == 1 and point["n_seeds"] == 2 and point["seconds"] == 40.0
+    cells[-2]["accuracy"] = 0.45
+    cells[-1]["accuracy"] = 0.85
+    point = pareto.task_points(_result(cells), ["default"])["points"][0]
+    assert point["gain_at_equal_seconds"] == pytest.approx((0.05 + 0.05) / 2) and point["wins"] == 2
+    with pytest.raises(ValueError, match="two fractions or more"):
+        pareto.task_points(_result([c for c in cells if c["fraction"] != 0.5 and c["arm"] != "full"]), ["default"])
