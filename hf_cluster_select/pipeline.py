@@ -19,12 +19,14 @@ from . import distributed
 from ._types import NO_LOSS_LABEL, ClusteringResult, RunFacts, Selection, TargetSet
 from .clock import PhaseClock
 from .config import ClusterSelectConfig
+from .data import token_rows
 from .feature_cache import FeatureCache
 from .features import FEATURES
 from .features.proxy import truncated_layers
 from .reporting.feature_map import feature_map_points
 from .selection import (cluster_features, relevance_scores, select_subset, select_targeted,
                         target_self_relevance)
+from .selection.near_duplicates import near_duplicate_groups, union_groups
 from .validation import check_loss_tokens
 
 logger = logging.getLogger(__name__)
@@ -84,6 +86,12 @@ def select_with_model(
     Each rank computes the learning-effect features of its strided shard (`distributed.shard_indices`); the rows are
     gathered in dataset order; rank 0 clusters and selects; the result is broadcast.
 
+    With `near_duplicate_threshold` set, rank 0 also groups the examples whose `input_ids` are near copies
+    (`near_duplicates.near_duplicate_groups`, its own `near_duplicates` phase) and joins those groups with the
+    feature-space ones (`ClusteringResult.groups`) before selecting (targeted selection too: a group is one
+    candidate there); `clustering.params["n_near_duplicate_rows"]` counts the examples the token check put into an
+    earlier example's group.
+
     Args:
         model (`torch.nn.Module`): the unwrapped model (eval mode is set and restored by the feature code).
         dataset (map-style dataset of `dict`): the training examples as the collator expects them.
@@ -91,7 +99,8 @@ def select_with_model(
         config (`ClusterSelectConfig`): selection settings.
         facts (`RunFacts`): the run's resolved facts (feature and blocks, label shift, strata).
         lengths (sequence of `int`, length `n_examples`): token length of every example (batching by length).
-        clock (`PhaseClock`): measures the `features` and `clustering` phases.
+        clock (`PhaseClock`): measures the `features`, `near_duplicates` (with `near_duplicate_threshold`) and
+            `clustering` phases.
         batch_size (`int`): examples per feature forward pass.
         merge_unclusterable (`bool`, *optional*, defaults to `False`): see `cluster_features`.
         show_progress (`bool`, *optional*, defaults to `True`): tqdm bar on this rank.
@@ -121,12 +130,15 @@ def select_with_model(
             model, target.dataset, collator, config=config, facts=facts, lengths=target.lengths,
             batch_size=batch_size, show_progress=False, cache=cache, identity=target_identity)
     clock.stop("features")
+    token_groups = _token_groups(dataset, config, clock)
     clock.start("clustering")
     rule_losses = None if facts.feature_layers is not None else losses  # a truncated pass's are not the model's
     payload = None
     if distributed.rank() == 0:
         result = cluster_features(np.asarray(features), config, world_size=distributed.world_size(),
                                   loss_tokens=loss_tokens, merge_unclusterable=merge_unclusterable)
+        if token_groups is not None:
+            result = with_near_duplicates(result, token_groups)
         target_summary = None
         if target is None:
             chosen = select_subset(result, config, norms=norms, losses=rule_losses, strata=facts.strata,
@@ -143,6 +155,30 @@ def select_with_model(
     return SelectionOutcome(chosen, summary, np.asarray(loss_tokens),
                             None if rule_losses is None else np.asarray(rule_losses), from_cache, feature_map,
                             target_summary, difficulty)
+
+
+def _token_groups(dataset: Any, config: ClusterSelectConfig, clock: PhaseClock) -> np.ndarray | None:
+    """Near-duplicate group of every example by its `input_ids` `[n]` on rank 0 (`None` on other ranks, or when
+    `near_duplicate_threshold` is unset), timed as the `near_duplicates` phase."""
+    threshold = config.selection_settings.near_duplicate_threshold
+    if threshold is None:
+        return None
+    clock.start("near_duplicates")
+    groups = None
+    if distributed.rank() == 0:
+        groups = near_duplicate_groups(token_rows(dataset), threshold, seed=config.selection_seed)[0]
+    clock.stop("near_duplicates")
+    return groups
+
+
+def with_near_duplicates(result: ClusteringResult, token_groups: Any) -> ClusteringResult:
+    """`result` with its duplicate groups joined with `token_groups` `[n]` (`union_groups`: an example in a
+    feature-space group and a token group joins both) and `params["n_near_duplicate_rows"]`: the examples the
+    token check put into an earlier example's group (n − number of token groups)."""
+    token_groups = np.asarray(token_groups).reshape(-1)
+    groups = result.groups if result.groups is not None else np.arange(token_groups.size)
+    params = {**result.params, "n_near_duplicate_rows": int(token_groups.size - np.unique(token_groups).size)}
+    return dataclasses.replace(result, groups=union_groups(groups, token_groups)[0], params=params)
 
 
 def _select_for_target(result: ClusteringResult, features: Any, target: TargetSet, target_features: Any,

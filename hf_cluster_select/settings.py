@@ -11,7 +11,7 @@ Every stage has a base class whose settings apply to all its strategies:
 - `FeatureSettings` (`feature`): `feature_context`, `projection_dim`, `feature_batch_size`, `feature_layers`.
 - `ClusteringSettings` (`cluster_method`): `pca_dim`, `cluster_sample_size`; subclasses add their own
   (`selection.kmeans_clusterer`, `selection.hdbscan_clusterer`).
-- `SelectionSettings` (`within_cluster`): `quota`.
+- `SelectionSettings` (`within_cluster`): `quota`, `near_duplicate_threshold`, `duplicate_weight`.
 - `AllocationSettings` (`allocation`): `balance_tokens`, `balance_window`.
 - `TargetSettings` (targeted selection, when the run has a target set): `target_rule`, `target_coverage`,
   `target_column`.
@@ -128,16 +128,35 @@ class SelectionSettings:
 
     Attributes:
         quota (`str`, defaults to `"proportional"`): how the budget is split over clusters (`quotas.cluster_quotas`).
+        near_duplicate_threshold (`float`, *optional*): also merge examples whose token 3-grams have an estimated
+            Jaccard similarity of at least this, in (0, 1], into duplicate groups (`selection/near_duplicates.py`:
+            MinHash + LSH); `None` = only rows with identical features are merged.
+        duplicate_weight (`str`, defaults to `"group"`): what a duplicate group's kept copy stands for: `"group"` =
+            all its copies (its weight × the group's size), `"one"` = itself (the copies' mass is dropped and the
+            weights rescaled to sum to n, as SemDeDup drops them).
     Raises:
-        ValueError: for an unknown quota.
+        ValueError: for an unknown quota or duplicate weight, or a threshold outside (0, 1].
     """
 
     quota: str = field(default="proportional", metadata={
         "help": "How the budget is split across clusters: in proportion to size, or the same count each.",
         "choices": ["proportional", "uniform"]})
+    near_duplicate_threshold: float | None = field(default=None, metadata={
+        "help": "Merge examples whose token 3-grams have an estimated Jaccard similarity of at least this, in "
+                "(0, 1], into one candidate (MinHash + LSH over input_ids); None = only identical features merge."})
+    duplicate_weight: str = field(default="group", metadata={
+        "help": "What the kept copy of a duplicate group stands for: 'group' = all its copies (weight × group "
+                "size); 'one' = itself (the copies' weight is dropped, the rest rescaled to sum to n).",
+        "choices": ["group", "one"]})
 
     def __post_init__(self) -> None:
         check_choice("quota", self.quota, choices_of(SelectionSettings, "quota"))
+        value = self.near_duplicate_threshold
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
+                raise ValueError(f"`near_duplicate_threshold` must be a float in (0, 1] or None, got {value!r}.")
+            object.__setattr__(self, "near_duplicate_threshold", float(value))
+        check_choice("duplicate_weight", self.duplicate_weight, choices_of(SelectionSettings, "duplicate_weight"))
 
 
 @dataclass(frozen=True)

@@ -241,6 +241,37 @@ def test_groups_are_ignored_when_fewer_than_the_budget():
     assert sorted(chosen.indices.tolist()) == [0, 4] and chosen.weights.tolist() == [4.0, 4.0]
 
 
+def test_duplicate_weight_group_counts_the_copies_and_one_drops_them():
+    """Rows 0-2 are one group (one slot): `"group"` weighs its kept copy for 3 examples, `"one"` for 1, then rescales
+    every weight to sum to n. One cluster: central keeps 0, 3, 4 (centroid of the units 0, 1, 2, 10 is 3.25); rule
+    weights 4/3 each, × [3, 1, 1] and scaled to the 6 examples = [3.6, 1.2, 1.2], or (one) scaled 6 / 4 = 2 each."""
+    points = np.array([0.0, 0.0, 0.0, 1.0, 2.0, 10.0])[:, None]
+    expected = {"group": [3.6, 1.2, 1.2], "one": [2.0, 2.0, 2.0]}
+    for weight, values in expected.items():
+        chosen = select_from_labels(np.zeros(6, dtype=int), points, data_fraction=0.5, within_cluster="central",
+                                    groups=[0, 0, 0, 1, 2, 3], duplicate_weight=weight)
+        assert chosen.indices.tolist() == [0, 3, 4] and chosen.weights.tolist() == pytest.approx(values)
+        assert chosen.weights.sum() == pytest.approx(6)
+    # two clusters: quotas count units ([2, 4] → [1, 3]); "one" spreads the 2 dropped copies over all 8
+    labels, groups = np.array([0, 0, 0, 0, 1, 1, 1, 1]), [0, 0, 0, 1, 2, 3, 4, 5]
+    points = np.array([0.0, 0.0, 0.0, 10.0, 20.0, 21.0, 22.0, 30.0])[:, None]
+    expected = {"group": [4.0, 4 / 3, 4 / 3, 4 / 3], "one": [8 / 3, 16 / 9, 16 / 9, 16 / 9]}
+    for weight, values in expected.items():
+        chosen = select_from_labels(labels, points, data_fraction=0.5, within_cluster="central", groups=groups,
+                                    duplicate_weight=weight)
+        assert chosen.indices.tolist() == [0, 4, 5, 6] and chosen.weights.tolist() == pytest.approx(values)
+        assert chosen.weights.sum() == pytest.approx(8)
+    default = select_from_labels(labels, points, data_fraction=0.5, within_cluster="central", groups=groups)
+    assert default.weights.tolist() == pytest.approx(expected["group"])  # "group" is today's semantic
+    result = ClusteringResult(labels=labels, raw_labels=labels, reduced=points, n_clusters=2, method="kmeans",
+                              groups=np.asarray(groups))
+    one = select_subset(result, ClusterSelectConfig(data_fraction=0.5, within_cluster="central",
+                                                    strategy_kwargs={"duplicate_weight": "one"}))
+    assert one.weights.tolist() == pytest.approx(expected["one"])
+    with pytest.raises(ValueError, match=r"`duplicate_weight` must be one of \['group', 'one'\], got 'all'"):
+        select_from_labels(labels, points, data_fraction=0.5, groups=groups, duplicate_weight="all")
+
+
 def test_facility_location_picks_the_medoids_of_two_groups():
     """Points 0 1 2 | 10 11 12: the first greedy pick maximises Σ (12 − distance), a tie between 2 and 10 (total
     distance 30) that goes to the lower position; the second adds 11 (gain 25, against 24 for 10)."""

@@ -202,6 +202,10 @@ def _summary_rows(r: Mapping[str, Any]) -> list[tuple[str, str, str]]:
          "examples whose features held NaN/inf: kept out of clustering as a group of their own, never dropped"),
         ("No loss-bearing tokens", _count(r.get("n_no_loss_tokens", 0)),
          "examples whose labels are all -100: kept out of clustering, selected only if the budget needs them"),
+        *([("Near-duplicate examples", f"{_count(r['n_near_duplicate_rows'])} in "
+            f"{_seconds(r.get('near_duplicates_seconds'))}", "examples whose tokens are near copies of an earlier "
+            "example's (near_duplicate_threshold): one candidate per group")]
+          if r.get("n_near_duplicate_rows") is not None else []),
         ("Clustering method", r.get("clustering_method") or NOT_MEASURED,
          f"fallback: {fallback}" if fallback else "no fallback: the clusterer's result was used as is"),
         ("Batch geometry", _geometry(r), "data-parallel ranks and per-step batch of the training run"),

@@ -23,14 +23,14 @@ from .savings import MEASURED, estimate_savings
 
 TOKEN_KINDS = ("loss", "input")
 _FLOAT_FIELDS = (
-    "warmup_seconds", "features_seconds", "clustering_seconds", "selection_seconds", "training_seconds",
-    "total_seconds", "full_data_seconds", "seconds_saved", "fraction_saved", "fraction_kept", "fraction_tokens_kept",
-    "padded_tokens_per_batch_full", "padded_tokens_per_batch_selected",
+    "warmup_seconds", "features_seconds", "near_duplicates_seconds", "clustering_seconds", "selection_seconds",
+    "training_seconds", "total_seconds", "full_data_seconds", "seconds_saved", "fraction_saved", "fraction_kept",
+    "fraction_tokens_kept", "padded_tokens_per_batch_full", "padded_tokens_per_batch_selected",
 )
 _METRIC_FIELDS = (
     "n_examples", "n_kept", "fraction_kept", "tokens_total", "tokens_kept", "fraction_tokens_kept", "n_clusters",
-    "n_noise", "n_nonfinite_features", "n_no_loss_tokens", "warmup_steps", "selected_steps", "full_data_steps",
-    "warmup_seconds", "features_seconds",
+    "n_noise", "n_nonfinite_features", "n_no_loss_tokens", "n_near_duplicate_rows", "warmup_steps", "selected_steps",
+    "full_data_steps", "warmup_seconds", "features_seconds", "near_duplicates_seconds",
     "clustering_seconds", "selection_seconds", "training_seconds", "total_seconds", "full_data_seconds",
     "seconds_saved", "fraction_saved",
 )
@@ -66,6 +66,8 @@ class SelectionReport:
         n_nonfinite_features (`int`): examples whose features held NaN/inf, kept out of clustering in a group of
             their own (never dropped). n_no_loss_tokens (`int`): examples without any loss-bearing token, kept out of
             clustering and selected only when the budget needs them.
+        n_near_duplicate_rows (`int` or `None`): examples the token near-duplicate check
+            (`SelectionSettings.near_duplicate_threshold`) put into an earlier example's group; `None` = not run.
         cluster_sizes (`list[int]` of length `n_clusters`): full-data size of each cluster.
         kept_per_cluster (`list[int]` of length `n_clusters`): kept examples of each cluster.
         clustering_method (`str`), fallback (`str` or `None`), clustering_params (`dict`): as in `ClusteringResult`.
@@ -74,8 +76,10 @@ class SelectionReport:
         labels (`list[int]` of length `n_examples`): assigned cluster per example. raw_labels: clusterer's own
             label per example (-1 = noise). kept_indices (`list[int]`, sorted): kept dataset indices.
         weights (`list[float]` of length `n_kept`): per-example weights, summing to `n_examples`.
-        warmup_seconds, features_seconds, clustering_seconds, selection_seconds (features + clustering + choosing),
-            training_seconds (post-selection), total_seconds (`float` seconds or `None` = not measured yet).
+        warmup_seconds, features_seconds, clustering_seconds, selection_seconds (features + near-duplicate check +
+            clustering + choosing), training_seconds (post-selection), total_seconds (`float` seconds or `None` = not
+            measured yet).
+        near_duplicates_seconds (`float` or `None`): seconds of the token near-duplicate check; `None` = not run.
         warmup_steps, selected_steps, full_data_steps (`int` optimizer steps or `None`).
         full_data_seconds (`float` seconds or `None`) and full_data_seconds_basis (`str` or `None`): the full-data
             time compared against and whether it was measured or estimated (see `estimate_savings`).
@@ -116,6 +120,7 @@ class SelectionReport:
     n_noise: int = 0
     n_nonfinite_features: int = 0
     n_no_loss_tokens: int = 0
+    n_near_duplicate_rows: int | None = None
     cluster_sizes: list[int] = field(default_factory=list)
     kept_per_cluster: list[int] = field(default_factory=list)
     clustering_method: str = ""
@@ -135,6 +140,7 @@ class SelectionReport:
     selection_seconds: float | None = None
     training_seconds: float | None = None
     total_seconds: float | None = None
+    near_duplicates_seconds: float | None = None
     warmup_steps: int | None = None
     selected_steps: int | None = None
     full_data_steps: int | None = None
@@ -197,7 +203,8 @@ class SelectionReport:
                 (counted by the feature pass); without them the token counts are input tokens (`token_kind`).
             plan (`StepPlan`, *optional*): the run's step plan (batch geometry, warm-up, selected and full-data
                 steps); `None` for a selection outside training (the `select` command): steps stay `None`.
-            clock (`PhaseClock`, *optional*): its `warmup`, `features` and `clustering` phases give the seconds.
+            clock (`PhaseClock`, *optional*): its `warmup`, `features`, `near_duplicates` and `clustering` phases
+                give the seconds.
             **measured: the remaining fields (`features_from_cache`, `feature_used`, `feature_map`,
                 `n_dropped_by_preparation`, `target`, `batch_order`, `batch_order_fallback`), or ones to state
                 instead of the plan's or the clock's.
@@ -217,14 +224,17 @@ class SelectionReport:
                           gradient_accumulation_steps=plan.gradient_accumulation_steps, warmup_steps=plan.warmup_steps,
                           selected_steps=plan.selected_steps, full_data_steps=plan.full_data_steps)
         if clock is not None:
-            seconds = {phase: clock.measured(phase) for phase in ("warmup", "features", "clustering")}
+            seconds = {phase: clock.measured(phase) for phase in ("warmup", "features", "near_duplicates",
+                                                                  "clustering")}
             fields.update(warmup_seconds=seconds["warmup"], features_seconds=seconds["features"],
-                          clustering_seconds=seconds["clustering"],
-                          selection_seconds=(seconds["features"] or 0.0) + (seconds["clustering"] or 0.0))
+                          near_duplicates_seconds=seconds["near_duplicates"], clustering_seconds=seconds["clustering"],
+                          selection_seconds=sum(seconds[p] or 0.0 for p in ("features", "near_duplicates",
+                                                                             "clustering")))
         return cls(
             n_examples=int(labels.shape[0]), n_kept=selection.n_kept, n_clusters=n_clusters,
             n_noise=clustering.n_noise, n_nonfinite_features=clustering.n_nonfinite,
             n_no_loss_tokens=clustering.n_no_loss,
+            n_near_duplicate_rows=clustering.params.get("n_near_duplicate_rows"),
             cluster_sizes=np.bincount(labels, minlength=n_clusters).tolist(),
             kept_per_cluster=np.bincount(np.asarray(selection.labels, dtype=np.int64), minlength=n_clusters).tolist(),
             clustering_method=clustering.method, fallback=clustering.fallback,
@@ -239,6 +249,7 @@ class SelectionReport:
         steps, and nothing measured about training yet."""
         return dataclasses.replace(
             self, warmup_seconds=0.0, features_seconds=0.0, clustering_seconds=0.0, selection_seconds=0.0,
+            near_duplicates_seconds=None if self.near_duplicates_seconds is None else 0.0,
             warmup_steps=0, selected_steps=plan.selected_steps, full_data_steps=plan.full_data_steps,
             training_seconds=None, total_seconds=None, full_data_seconds=None, full_data_seconds_basis=None,
             seconds_saved=None, fraction_saved=None)

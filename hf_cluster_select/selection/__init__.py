@@ -2,6 +2,8 @@
 
 - `clustering.cluster_features`: L2-normalise, merge duplicates, PCA, then a clusterer from `clusterers.CLUSTERERS`
   (`hdbscan_clusterer`, `kmeans_clusterer`).
+- `near_duplicates.near_duplicate_groups`: examples whose tokens are near copies (MinHash + LSH), joined with the
+  feature-space duplicate groups when `near_duplicate_threshold` is set.
 - `budget.selection_budget`: the exact number of examples a `data_fraction` keeps.
 - `quotas.cluster_quotas`: the budget split over clusters.
 - `within_cluster.WITHIN_CLUSTER_RULES`: which members of a cluster are kept, and their weights (the rules in
@@ -13,6 +15,7 @@
 from .budget import selection_budget
 from .clustering import cluster_features
 from .clusterers import CLUSTERERS, ClusterFit
+from .near_duplicates import near_duplicate_groups
 from .quotas import cluster_quotas
 from .select import select_from_labels, select_subset
 from .within_cluster import WITHIN_CLUSTER_RULES
@@ -25,6 +28,7 @@ __all__ = [
     "WITHIN_CLUSTER_RULES",
     "cluster_features",
     "cluster_quotas",
+    "near_duplicate_groups",
     "select_from_labels",
     "select_subset",
     "select_targeted",

@@ -11,10 +11,12 @@ Details of `select_from_labels`:
 - *Deferred* examples (no loss-bearing token: training on them changes nothing) are kept only when the budget cannot
   be met without them: the others are selected with the same budget, clusters sized over them; when the budget
   reaches their count, all of them and the lowest-index deferred examples fill it, each weighted n / budget.
-- *Duplicate groups* (`ClusteringResult.groups`): each group is one candidate (its lowest-index copy) that stands
-  for all its copies: quotas count groups and a kept copy's weight is multiplied by its group's size, so a row
-  repeated 15 times takes one slot and keeps its share of the weight (ignored when there are fewer groups than the
-  budget).
+- *Duplicate groups* (`ClusteringResult.groups`: identical features, and with `near_duplicate_threshold` near
+  copies of the same tokens, `near_duplicates.py`): each group is one candidate (its lowest-index copy): quotas count
+  groups, and with `duplicate_weight="group"` a kept copy's weight is multiplied by its group's size, so a row
+  repeated 15 times takes one slot and keeps its share of the weight; with `"one"` the group weighs as one example
+  (the copies' mass is dropped, all weights rescaled to sum to n). Ignored when there are fewer groups than the
+  budget.
 - *Strata* (a user's task / source / language column): quotas and rules work on (stratum, cluster) cells, the
   budget split over strata first, so every stratum gets its proportional share; `Selection.labels` stay clusters.
 - `budget_unit="tokens"`: the budget is `selection_budget(Σ lengths, data_fraction)` tokens, split over clusters
@@ -35,7 +37,7 @@ import numpy as np
 
 from .._types import NO_LOSS_LABEL, ClusteringResult, Selection
 from ..config import BUDGET_UNITS, ClusterSelectConfig
-from ..settings import SelectionSettings
+from ..settings import SelectionSettings, check_choice, choices_of
 from .budget import selection_budget
 from .quotas import cluster_quotas
 from .within_cluster import WITHIN_CLUSTER_RULES
@@ -59,11 +61,12 @@ def _cells(labels: np.ndarray, strata: Any, n_total: int) -> tuple[np.ndarray, n
     return cells.reshape(-1), pairs[0]
 
 
-def _units(eligible: np.ndarray, groups: Any, budget: int, n_total: int,
-           cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _units(eligible: np.ndarray, groups: Any, budget: int, n_total: int, cost: np.ndarray,
+           duplicate_weight: str = SelectionSettings.duplicate_weight) -> tuple[np.ndarray, np.ndarray]:
     """The examples selection chooses among and how many examples each stands for: with `groups`, the first
-    (lowest-index) eligible copy of every duplicate group, counting its copies, as long as those copies' `cost`
-    (1 per example, or its tokens) reaches `budget`; otherwise every eligible example once."""
+    (lowest-index) eligible copy of every duplicate group, counting its copies (`duplicate_weight="group"`) or itself
+    (`"one"`), as long as those copies' `cost` (1 per example, or its tokens) reaches `budget`; otherwise every
+    eligible example once."""
     if groups is None:
         return eligible, np.ones(eligible.size, dtype=np.int64)
     groups = np.asarray(groups).reshape(-1)
@@ -73,7 +76,8 @@ def _units(eligible: np.ndarray, groups: Any, budget: int, n_total: int,
     if cost[eligible[first]].sum() < budget:
         return eligible, np.ones(eligible.size, dtype=np.int64)
     order = np.argsort(first)
-    return eligible[first[order]], counts[order].astype(np.int64)
+    copies = counts[order] if duplicate_weight == "group" else np.ones(order.size)
+    return eligible[first[order]], copies.astype(np.int64)
 
 
 def _closest_count(pick, tokens_of, target: int, available: int) -> tuple[np.ndarray, np.ndarray]:
@@ -131,6 +135,7 @@ def select_from_labels(
     strata: Any = None,
     lengths: Any = None,
     budget_unit: str = ClusterSelectConfig.budget_unit,
+    duplicate_weight: str = SelectionSettings.duplicate_weight,
 ) -> Selection:
     """Keep exactly `selection_budget(n, data_fraction)` examples (or about that share of the tokens), spread over
     clusters and weighted.
@@ -152,6 +157,8 @@ def select_from_labels(
         norms, losses (array-like of shape `[n_examples]`, *optional*): raw feature norms (the gradient-norm
             estimate) and warm-up losses, passed to the within-cluster rule.
         groups (array-like of shape `[n_examples]`, int, *optional*): duplicate groups (`ClusteringResult.groups`).
+        duplicate_weight (`str`, *optional*, defaults to `SelectionSettings.duplicate_weight`): what a group's kept
+            copy stands for, `"group"` (all its copies) or `"one"` (itself; see the module docstring).
         strata (array-like of shape `[n_examples]`, *optional*): a user's grouping (task, source, language).
         lengths (array-like of shape `[n_examples]`, int >= 1, *optional*): tokens of every example; required for
             `budget_unit="tokens"`.
@@ -166,6 +173,7 @@ def select_from_labels(
     """
     labels = _checked_labels(labels)
     rule = WITHIN_CLUSTER_RULES.get(within_cluster)
+    check_choice("duplicate_weight", duplicate_weight, choices_of(SelectionSettings, "duplicate_weight"))
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"`seed` must be an int, got {seed!r}.")
     n_total = labels.size
@@ -178,7 +186,7 @@ def select_from_labels(
     if budget >= cost[eligible].sum():
         return _keep_all_eligible(labels, eligible, cost, budget)
     cells, stratum_of = (labels, None) if strata is None else _cells(labels, strata, n_total)
-    units, copies = _units(eligible, groups, budget, n_total, cost)
+    units, copies = _units(eligible, groups, budget, n_total, cost, duplicate_weight)
     clusters, position = np.unique(cells[units], return_inverse=True)
     position = position.reshape(-1)
     unit_sizes = np.bincount(position, weights=cost[units]).astype(np.int64)  # what quotas split: units or tokens
@@ -189,7 +197,7 @@ def select_from_labels(
     indices, weights = _select_in_cells(cells, units, copies, clusters, sizes, quotas, pick_for,
                                         cost if budget_unit == "tokens" else None)
     covered = int(sizes[quotas > 0].sum())
-    if covered < n_total:  # clusters (budget < K) or deferred examples left out: spread their mass to sum to n
+    if covered < n_total:  # clusters (budget < K), deferred examples or (`"one"`) copies left out: sum to n
         weights *= n_total / covered
     order = np.argsort(indices, kind="stable")
     indices = indices[order].astype(np.int64)
@@ -321,7 +329,7 @@ def _member_picker(rule, within_cluster: str, seed: int, cluster: int, members: 
 def select_subset(result: ClusteringResult, config: ClusterSelectConfig, *, norms: Any = None,
                   losses: Any = None, strata: Any = None, lengths: Any = None) -> Selection:
     """Select from a clustering with the settings of `config` (`data_fraction`, `within_cluster` and its
-    `quota`, `selection_seed`, `budget_unit`).
+    `quota` and `duplicate_weight`, `selection_seed`, `budget_unit`).
 
     Args:
         result (`ClusteringResult`): output of `clustering.cluster_features` (`labels` `[n]`, `reduced` `[n, d]`).
@@ -357,4 +365,5 @@ def select_subset(result: ClusteringResult, config: ClusterSelectConfig, *, norm
         strata=strata,
         lengths=lengths,
         budget_unit=config.budget_unit,
+        duplicate_weight=config.selection_settings.duplicate_weight,
     )

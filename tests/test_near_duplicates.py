@@ -1,0 +1,219 @@
+"""Token near-duplicate groups (selection/near_duplicates.py), their settings, and their use by ClusterTrainer."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+
+import numpy as np
+import pytest
+
+from hf_cluster_select import ClusterSelectConfig
+from hf_cluster_select._types import ClusteringResult
+from hf_cluster_select.selection.near_duplicates import (lsh_bands, minhash_signatures, near_duplicate_groups,
+                                                         union_groups)
+
+BASE = list(range(100, 140))  # 40 distinct tokens: 38 distinct 3-grams
+ONE_CHANGED = BASE[:20] + [999] + BASE[21:]  # shares 35 of the 41 3-grams of the pair: Jaccard 35/41 = 0.854
+UNRELATED = list(range(200, 240))
+OTHER = list(range(300, 340))
+
+
+def as_lists(groups):
+    return [part.tolist() for part in groups]
+
+
+def test_exact_and_one_token_copies_join_the_first_row_and_unrelated_rows_stay_apart():
+    rows = [UNRELATED, BASE, OTHER, ONE_CHANGED, BASE]
+    inverse, first, counts = near_duplicate_groups(rows, 0.7)
+    assert as_lists((inverse, first, counts)) == [[0, 1, 2, 1, 1], [0, 1, 2], [1, 3, 1]]
+    assert all(part.dtype == np.int64 for part in (inverse, first, counts))
+    # at threshold 1.0 only the exact copy: the changed row agrees on fewer than all 64 values
+    assert as_lists(near_duplicate_groups(rows, 1.0)) == [[0, 1, 2, 3, 1], [0, 1, 2, 3], [1, 2, 1, 1]]
+
+
+def test_the_estimate_is_the_share_of_agreeing_minhash_values():
+    signatures = minhash_signatures([BASE, ONE_CHANGED, UNRELATED])
+    assert signatures.shape == (3, 64) and signatures.dtype == np.uint32
+    agree = (signatures[0] == signatures[1]).mean()
+    assert abs(agree - 35 / 41) <= 3 * np.sqrt(35 / 41 * 6 / 41 / 64)  # within 3 standard deviations
+    assert (signatures[0] == signatures[2]).sum() == 0  # no shared 3-gram
+
+
+def test_short_and_empty_rows_are_one_shingle_each():
+    """A row shorter than the shingle is one shingle, its whole sequence: [5] matches [5] only, [5, 6] differs
+    from the 3-gram [5, 6, 7], and the two empty rows are copies of each other."""
+    rows = [[5], [5], [5, 6], [], [], [5, 6, 7]]
+    assert as_lists(near_duplicate_groups(rows, 1.0)) == [[0, 0, 1, 2, 2, 3], [0, 2, 3, 5], [2, 1, 2, 1]]
+    assert as_lists(near_duplicate_groups([[1, 2]], 0.5)) == [[0], [0], [1]]
+
+
+def test_empty_input_and_inputs_of_other_types():
+    assert as_lists(near_duplicate_groups([], 0.7)) == [[], [], []]
+    import torch
+
+    rows = [np.array(UNRELATED), torch.tensor(BASE), np.array(ONE_CHANGED, dtype=np.int32)]
+    assert as_lists(near_duplicate_groups(rows, 0.7)) == [[0, 1, 1], [0, 1], [1, 2]]
+
+
+def test_groups_are_deterministic_and_the_same_for_another_seed_on_clear_cases():
+    rows = [UNRELATED, BASE, OTHER, ONE_CHANGED, BASE]
+    once = as_lists(near_duplicate_groups(rows, 0.7))
+    assert as_lists(near_duplicate_groups(rows, 0.7)) == once
+    assert as_lists(near_duplicate_groups(rows, 0.7, seed=7)) == once
+    assert np.array_equal(minhash_signatures(rows), minhash_signatures(rows))
+    assert not np.array_equal(minhash_signatures(rows), minhash_signatures(rows, seed=7))
+
+
+def test_a_pile_of_copies_is_one_group_whatever_the_bucket_size():
+    """200 copies of one row, each with another token changed, among 50 unrelated rows: one group of 200 (each
+    bucket links its members to its first and next row, not every pair)."""
+    rng = np.random.default_rng(0)
+    source = rng.integers(0, 10_000, 60)
+    copies = []
+    for i in range(200):
+        row = source.copy()
+        row[i % 60] = 20_000 + i
+        copies.append(row)
+    rows = copies[:100] + [rng.integers(30_000, 60_000, 60) for _ in range(50)] + copies[100:]
+    inverse, first, counts = near_duplicate_groups(rows, 0.7)
+    assert first.tolist() == [0, *range(100, 150)] and counts.tolist() == [200] + [1] * 50
+    assert (inverse[:100] == 0).all() and (inverse[150:] == 0).all() and inverse[100:150].tolist() == list(range(1, 51))
+
+
+def test_lsh_bands_reach_the_recall_at_the_threshold():
+    assert [lsh_bands(t) for t in (0.7, 0.9, 1.0, 0.3)] == [(21, 3), (9, 7), (1, 64), (64, 1)]
+    for threshold in (0.5, 0.7, 0.8, 0.9, 0.95):
+        bands, rows = lsh_bands(threshold)
+        assert 1 - (1 - threshold ** rows) ** bands >= 0.99 and bands * rows <= 64
+        if rows < 64:  # one more row per band would miss the recall
+            more = rows + 1
+            assert 1 - (1 - threshold ** more) ** (64 // more) < 0.99
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match=r"`threshold` must be a float in \(0, 1\], got 0"):
+        near_duplicate_groups([BASE], 0)
+    with pytest.raises(ValueError, match="`shingle` must be an int >= 1, got 0"):
+        near_duplicate_groups([BASE], 0.7, shingle=0)
+    with pytest.raises(ValueError, match="row 1 has shape"):
+        near_duplicate_groups([BASE, [[1, 2], [3, 4]]], 0.7)
+    with pytest.raises(ValueError, match="dtype float64"):
+        near_duplicate_groups([BASE, [1.5, 2.5]], 0.7)
+
+
+def test_union_joins_a_row_to_both_of_its_groups():
+    assert as_lists(union_groups([0, 0, 1, 2, 3], [0, 1, 1, 2, 2])) == [[0, 0, 0, 1, 1], [0, 3], [3, 2]]
+    assert as_lists(union_groups([5, 6, 5, 7], [1, 2, 3, 2])) == [[0, 1, 0, 1], [0, 1], [2, 2]]
+    assert as_lists(union_groups(np.zeros(0), np.zeros(0))) == [[], [], []]
+    with pytest.raises(ValueError, match="one shape"):
+        union_groups([0, 1], [0, 1, 2])
+
+
+def test_the_pipeline_joins_token_groups_into_the_clustering_result():
+    from hf_cluster_select.pipeline import with_near_duplicates
+
+    result = ClusteringResult(labels=np.zeros(6, dtype=np.int64), raw_labels=np.zeros(6, dtype=np.int64),
+                              reduced=np.zeros((6, 1)), n_clusters=1, method="kmeans", params={"n_unique": 5},
+                              groups=np.array([0, 1, 2, 3, 4, 1]))
+    joined = with_near_duplicates(result, np.array([0, 1, 0, 2, 3, 3]))
+    assert joined.groups.tolist() == [0, 1, 0, 2, 1, 1]  # 0 ~ 2 and 4 ~ 5 by tokens, 5 ~ 1 by features
+    assert joined.params == {"n_unique": 5, "n_near_duplicate_rows": 2}
+    assert result.groups.tolist() == [0, 1, 2, 3, 4, 1]  # the input is not changed
+
+
+def test_token_rows_reads_datasets_and_lists_of_dicts():
+    from datasets import Dataset
+
+    from hf_cluster_select.data import token_rows
+
+    examples = [{"input_ids": [1, 2, 3]}, {"input_ids": [4]}, {"input_ids": [5, 6]}]
+    assert token_rows(examples) == [[1, 2, 3], [4], [5, 6]]
+    dataset = Dataset.from_list(examples).with_format("torch")
+    assert [row.tolist() for row in token_rows(dataset, batch_rows=2)] == [[1, 2, 3], [4], [5, 6]]
+    reordered = dataset.select([2, 0])  # an indices mapping over the same table
+    assert [row.tolist() for row in token_rows(reordered, batch_rows=1)] == [[5, 6], [1, 2, 3]]
+
+
+# ---- settings ---------------------------------------------------------------------------------------------------
+def test_settings_are_off_by_default_and_validated_with_their_names():
+    settings = ClusterSelectConfig().selection_settings
+    assert settings.near_duplicate_threshold is None and settings.duplicate_weight == "group"
+    config = ClusterSelectConfig(strategy_kwargs={"near_duplicate_threshold": 1, "duplicate_weight": "one"})
+    assert config.selection_settings.near_duplicate_threshold == 1.0
+    assert ClusterSelectConfig.from_json(config.to_json()) == config
+    for value in (0, 1.5, True, "0.7", float("nan")):
+        with pytest.raises(ValueError, match=r"`strategy_kwargs`: `near_duplicate_threshold` must be a float in "
+                                             r"\(0, 1\] or None, got "):
+            ClusterSelectConfig(strategy_kwargs={"near_duplicate_threshold": value})
+    with pytest.raises(ValueError, match=r"`strategy_kwargs`: `duplicate_weight` must be one of \['group', 'one'\], "
+                                         "got 'all'"):
+        ClusterSelectConfig(strategy_kwargs={"duplicate_weight": "all"})
+
+
+def test_command_line_options_set_them(tmp_path, capsys):
+    from hf_cluster_select.commands import build_parser, config_from_args, main
+
+    base = ["select", "--model", "m", "--dataset", "d", "--output", str(tmp_path / "o")]
+    config = config_from_args(build_parser().parse_args(base + ["--near-duplicate-threshold", "0.8",
+                                                                "--duplicate-weight", "one"]))
+    assert config.strategy_kwargs == {"duplicate_weight": "one", "near_duplicate_threshold": 0.8}
+    assert main(base + ["--near-duplicate-threshold", "1.5"]) == 2
+    assert ("`--near-duplicate-threshold` must be a float in (0, 1] or None, got 1.5"
+            in capsys.readouterr().err)
+
+
+# ---- ClusterTrainer ---------------------------------------------------------------------------------------------
+def near_copy_dataset(tokenizer):
+    """40 sources of 40 words (so 40 tokens) and 4 near copies of each of the first 8 (one word changed, at
+    position 8, 16, 24 or 32), shuffled: 72 examples and the source of every one."""
+    from datasets import Dataset
+    from tiny_assets import WORDS
+
+    rng = random.Random(0)
+    sources = [[rng.choice(WORDS) for _ in range(40)] for _ in range(40)]
+    rows = [(words, source) for source, words in enumerate(sources)]
+    for source in range(8):
+        for position in (8, 16, 24, 32):
+            words = list(sources[source])
+            words[position] = next(w for w in WORDS if w != words[position])
+            rows.append((words, source))
+    rng.shuffle(rows)
+    ids = tokenizer([" ".join(words) for words, _ in rows])["input_ids"]
+    assert {len(i) for i in ids} == {40}
+    dataset = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * 40 for _ in ids],
+                                 "labels": [[-100, -100] + i[2:] for i in ids]})
+    return dataset, np.array([source for _, source in rows])
+
+
+def train_on(tmp_path, tiny_lm, dataset, collator, **settings):
+    from transformers import TrainingArguments
+
+    from hf_cluster_select import ClusterTrainer
+
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4,
+                             per_device_eval_batch_size=8, num_train_epochs=1, learning_rate=1e-3, warmup_steps=2,
+                             save_strategy="no", report_to=[], use_cpu=True, seed=0, disable_tqdm=True)
+    trainer = ClusterTrainer(model=tiny_lm, args=args, train_dataset=dataset, data_collator=collator,
+                             cluster_config=ClusterSelectConfig(data_fraction=0.5, strategy_kwargs=settings))
+    trainer.train()
+    return trainer, json.loads((tmp_path / "out" / "selection_report.json").read_text())
+
+
+def test_the_trainer_keeps_one_row_per_near_copy_family(tmp_path, _tiny_lm_base, tokenizer, collator):
+    """72 rows from 40 sources (8 of them with 4 near copies): with `near_duplicate_threshold` the 36 kept rows
+    come from 36 different sources and the report counts the 32 copies; without it, copies share the budget."""
+    dataset, source = near_copy_dataset(tokenizer)
+    trainer, report = train_on(tmp_path / "on", copy.deepcopy(_tiny_lm_base), dataset, collator,
+                               near_duplicate_threshold=0.7)
+    kept = trainer.selection.indices
+    assert kept.size == 36 and np.unique(source[kept]).size == 36  # no two kept rows are near copies
+    assert report["n_near_duplicate_rows"] == 32 and report["near_duplicates_seconds"] > 0
+    assert report["selection_seconds"] == pytest.approx(
+        report["features_seconds"] + report["near_duplicates_seconds"] + report["clustering_seconds"])
+    assert sum(report["weights"]) == pytest.approx(72)
+    assert "Near-duplicate examples" in (tmp_path / "on" / "out" / "README.md").read_text()
+    plain, plain_report = train_on(tmp_path / "off", copy.deepcopy(_tiny_lm_base), dataset, collator)
+    assert plain_report["n_near_duplicate_rows"] is None and plain_report["near_duplicates_seconds"] is None
+    assert np.unique(source[plain.selection.indices]).size < 36  # the check above can fail
