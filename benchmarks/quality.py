@@ -198,11 +198,12 @@ def summarise(cells: list[dict], main: str, higher_is_better: bool) -> list[dict
                          paired_gain_vs_random=float(paired.mean()) if paired.size else None,
                          paired_gain_std=float(paired.std(ddof=1)) if paired.size > 1 else None,
                          wins_vs_random=int((paired > 0).sum()) if paired.size else None,
-                         paired_gain_vs_same_steps=float(equal.mean()) if equal.size else None,
-                         wins_vs_same_steps=int((equal > 0).sum()) if equal.size else None,
+
                          tv_distance=float(np.mean([c["tv_distance"] for c in mine.values()])),
                          min_share_ratio=float(np.min([c["min_share_ratio"] for c in mine.values()])),
                          seconds=float(np.mean([c["seconds"] for c in mine.values()]))))
+        if equal.size:  # only where a random_same_steps arm ran: older results keep their summary as it was
+            rows[-1].update(paired_gain_vs_same_steps=float(equal.mean()), wins_vs_same_steps=int((equal > 0).sum()))
     for task in sorted({c["task"] for c in cells}):
         full = [c for c in cells if c["task"] == task and c["arm"] == "full"]
         if full:
