@@ -10,7 +10,7 @@ for ClusterTrainer the warm-up, the feature pass (quality.py runs it with `featu
 the selection and the training. The selection is worth its cost where its point lies above random's curve: the
 `gain_at_equal_seconds` of a point is its metric minus random's curve linearly interpolated at its seconds (per
 seed against that seed's curve, then mean, std and seeds won; the curve is flat beyond its ends, so a point slower
-than full data is compared with full data). Writes `--out` (JSON), and next to it .md (the table) and .png (one
+than full data is compared with full data; such points are marked † in the table and `outside_curve` in the JSON). Writes `--out` (JSON), and next to it .md (the table) and .png (one
 panel per task).
 """
 
@@ -65,8 +65,9 @@ def task_points(result: dict, arms: list[str]) -> dict:
                 if seed_curve[0].size >= 2:
                     gains.append(sign * (c["value"] - interpolate(c["seconds"], seed_curve)))
             gains = np.array(gains)
-            rows.append(dict(arm=arm, fraction=fraction, n_seeds=len(mine),
-                             seconds=float(np.mean([c["seconds"] for c in mine])),
+            seconds = float(np.mean([c["seconds"] for c in mine]))
+            rows.append(dict(arm=arm, fraction=fraction, n_seeds=len(mine), seconds=seconds,
+                             outside_curve=bool(seconds < curve[0][0] or seconds > curve[0][-1]),
                              steps=float(np.mean([c["steps"] for c in mine])),
                              mean=float(np.mean([c["value"] for c in mine])),
                              gain_at_equal_seconds=float(gains.mean()) if gains.size else None,
@@ -91,8 +92,12 @@ def markdown(tasks: list[dict]) -> str:
             gain = "—" if r["gain_at_equal_seconds"] is None else (
                 f"{scale * r['gain_at_equal_seconds']:+.{digits}f} ± {scale * (r['gain_std'] or 0):.{digits}f} "
                 f"({r['wins']}/{r['n_seeds']})")
+            mark = " †" if r.get("outside_curve") else ""
             lines.append(f"| {task['task']} | {r['arm']} | {r['fraction']:g} | {r['steps']:.0f} | {r['seconds']:.0f} | "
-                         f"{scale * r['mean']:.{digits}f} {task['metric']} | {gain} |")
+                         f"{scale * r['mean']:.{digits}f} {task['metric']} | {gain}{mark} |")
+    if any(r.get("outside_curve") for task in tasks for r in task["points"]):
+        lines += ["", "† the point's seconds lie outside random's curve: compared with its nearest end (no full-data "
+                  "run, or slower than it), not interpolated."]
     return "\n".join(lines)
 
 
@@ -134,8 +139,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if os.path.splitext(args.out)[1] != ".json":
         parser.error(f"--out must be a .json path, got {args.out!r}")
+    if any(os.path.abspath(args.out) == os.path.abspath(path) for path in args.results):
+        parser.error(f"--out {args.out} is one of the results read: pick another path")
+    if os.path.exists(args.out):
+        try:
+            quality_options.read_result(args.out, "--out")
+            parser.error(f"--out {args.out} holds a benchmarks/quality.py result: it would be overwritten")
+        except ValueError:
+            pass  # an earlier pareto.py output (or nothing we know): overwritten
+    if len(set(map(os.path.abspath, args.results))) != len(args.results):
+        parser.error("a result file is listed twice")
     try:
         results = [quality_options.read_result(path, "results") for path in args.results]
+        for result in results:
+            unknown = sorted(set(args.arms) - {c["arm"] for c in result["cells"]})
+            if unknown == sorted(args.arms):
+                raise ValueError(f"{result['task']}: none of --arms {args.arms} is in the result (its arms: "
+                                 f"{sorted({c['arm'] for c in result['cells']})})")
         tasks = [task_points(r, args.arms) for r in results]
     except ValueError as error:
         parser.error(str(error))

@@ -306,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     earlier = quality_options.merged_results(parser, args)
     torch.set_num_threads(args.threads or max(1, os.cpu_count() or 1))
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"quality_{args.task}.json")
-    commit = os.popen("git -C " + os.path.dirname(os.path.abspath(__file__)) + " rev-parse --short HEAD").read().strip()
+    # `abc1234-dirty` when tracked files differ from that commit: the code that ran is not exactly the commit's
+    commit = os.popen("git -C " + os.path.dirname(os.path.abspath(__file__)) + " describe --always --dirty").read().strip()
     if args.merge_only:  # nothing is measured at HEAD: the result keeps the last merged file's commit
         commit = earlier.get("commit") or commit
         args.arms, args.seeds = [], []

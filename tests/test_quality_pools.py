@@ -103,3 +103,24 @@ def test_gain_at_equal_seconds_interpolates_each_seeds_random_curve():
     assert point["gain_at_equal_seconds"] == pytest.approx((0.05 + 0.05) / 2) and point["wins"] == 2
     with pytest.raises(ValueError, match="two fractions or more"):
         pareto.task_points(_result([c for c in cells if c["fraction"] != 0.5 and c["arm"] != "full"]), ["default"])
+
+
+def test_pareto_never_overwrites_a_result_and_names_unknown_arms(tmp_path, capsys):
+    import json
+
+    cells = [dict(arm=a, fraction=f, seed=0, seconds=s, steps=1, accuracy=0.5)
+             for a, f, s in (("random", 0.1, 1.0), ("random", 0.5, 5.0), ("default", 0.3, 9.0))]
+    source = tmp_path / "q.json"
+    source.write_text(json.dumps(dict(_result(cells), n_test=1, summary=[])))
+    before = source.read_text()
+    for argv, message in (([str(source), "--out", str(source)], "is one of the results read"),
+                          ([str(source), "--arms", "nope", "--out", str(tmp_path / "p.json")],
+                           "none of --arms ['nope'] is in the result")):
+        with pytest.raises(SystemExit) as exit_info:
+            pareto.main(argv)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert source.read_text() == before and not (tmp_path / "p.json").exists()
+    assert pareto.main([str(source), "--arms", "default", "--out", str(tmp_path / "p.json")]) == 0
+    point = json.loads((tmp_path / "p.json").read_text())["tasks"][0]["points"][0]
+    assert point["outside_curve"] is True and point["gain_at_equal_seconds"] == pytest.approx(0.0)
+    assert "† the point's seconds lie outside random's curve" in (tmp_path / "p.md").read_text()
