@@ -70,7 +70,13 @@ def duplicate_groups(code_blocks: Iterable[tuple[np.ndarray, np.ndarray]]) -> tu
     cols = np.concatenate([n + cell_a, n + n_a + cell_b])
     graph = coo_matrix((np.ones(rows.size, dtype=np.int8), (rows, cols)), shape=(size, size))
     _, component = connected_components(graph, directed=False)
-    _, first, inverse, counts = np.unique(component[:n], return_index=True, return_inverse=True, return_counts=True)
+    return groups_by_first_row(component[:n])
+
+
+def groups_by_first_row(component: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(inverse [n], first [n_groups], counts [n_groups])`, int64, of a partition given as any id per row, its
+    groups numbered in order of their first (lowest-index) row (also `near_duplicates.near_duplicate_groups`')."""
+    _, first, inverse, counts = np.unique(component, return_index=True, return_inverse=True, return_counts=True)
     order = np.argsort(first, kind="stable")
     rank = np.empty_like(order)
     rank[order] = np.arange(order.size)

@@ -45,6 +45,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..config import ClusterSelectConfig
+from .duplicates import groups_by_first_row
 
 SHINGLE = 3  # tokens per shingle
 N_HASHES = 64  # MinHash values per example
@@ -183,16 +184,6 @@ def _candidate_pairs(signatures: np.ndarray, bands: int, rows: int) -> np.ndarra
     pairs = np.concatenate(found) if found else np.zeros((0, 2), dtype=np.int64)
     pairs = pairs[pairs[:, 0] != pairs[:, 1]]
     return np.unique(np.sort(pairs, axis=1), axis=0).astype(np.int64)
-
-
-def groups_by_first_row(component: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`(inverse [n], first [n_groups], counts [n_groups])`, int64, of a partition given as any id per row, its
-    groups numbered in order of their first (lowest-index) row."""
-    _, first, inverse, counts = np.unique(component, return_index=True, return_inverse=True, return_counts=True)
-    order = np.argsort(first, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(order.size)
-    return rank[inverse.reshape(-1)].astype(np.int64), first[order].astype(np.int64), counts[order].astype(np.int64)
 
 
 def _components(n: int, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
