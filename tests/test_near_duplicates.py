@@ -67,8 +67,9 @@ def test_groups_are_deterministic_and_the_same_for_another_seed_on_clear_cases()
 
 
 def test_a_pile_of_copies_is_one_group_whatever_the_bucket_size():
-    """200 copies of one row, each with another token changed, among 50 unrelated rows: one group of 200 (each
-    bucket links its members to its first and next row, not every pair)."""
+    """200 copies of one row, each with another token changed, among 250 unrelated rows: one group of 200 (each
+    bucket links its members to its first and next row, not every pair). The copies fill 44% of the rows, under the
+    template share; above it, see `test_a_pile_over_half_the_rows_is_taken_for_template`."""
     rng = np.random.default_rng(0)
     source = rng.integers(0, 10_000, 60)
     copies = []
@@ -76,10 +77,28 @@ def test_a_pile_of_copies_is_one_group_whatever_the_bucket_size():
         row = source.copy()
         row[i % 60] = 20_000 + i
         copies.append(row)
-    rows = copies[:100] + [rng.integers(30_000, 60_000, 60) for _ in range(50)] + copies[100:]
+    rows = copies[:100] + [rng.integers(30_000, 60_000, 60) for _ in range(250)] + copies[100:]
     inverse, first, counts = near_duplicate_groups(rows, 0.7)
-    assert first.tolist() == [0, *range(100, 150)] and counts.tolist() == [200] + [1] * 50
-    assert (inverse[:100] == 0).all() and (inverse[150:] == 0).all() and inverse[100:150].tolist() == list(range(1, 51))
+    assert first.tolist() == [0, *range(100, 350)] and counts.tolist() == [200] + [1] * 250
+    assert (inverse[:100] == 0).all() and (inverse[350:] == 0).all()
+    assert inverse[100:350].tolist() == list(range(1, 251))
+
+
+def test_a_pile_over_half_the_rows_is_taken_for_template():
+    """The documented price of the template rule: 30 exact and 30 one-token-changed copies of one row among 40
+    unrelated rows (60% of the rows): the source's shingles count as template, so the exact copies still join the
+    source (a row of template shingles only keeps them all) but a changed copy keeps only its few changed
+    shingles and stays apart."""
+    rng = np.random.default_rng(1)
+    source = rng.integers(0, 10_000, 60)
+    changed = []
+    for i in range(30):
+        row = source.copy()
+        row[i] = 20_000 + i
+        changed.append(row)
+    rows = [source] * 30 + changed + [rng.integers(30_000, 60_000, 60) for _ in range(40)]
+    inverse, first, counts = near_duplicate_groups(rows, 0.7)
+    assert (inverse[:30] == 0).all() and counts[0] == 30 and counts.tolist()[1:] == [1] * 70
 
 
 def test_lsh_bands_reach_the_recall_at_the_threshold():
@@ -217,3 +236,35 @@ def test_the_trainer_keeps_one_row_per_near_copy_family(tmp_path, _tiny_lm_base,
     plain, plain_report = train_on(tmp_path / "off", copy.deepcopy(_tiny_lm_base), dataset, collator)
     assert plain_report["n_near_duplicate_rows"] is None and plain_report["near_duplicates_seconds"] is None
     assert np.unique(source[plain.selection.indices]).size < 36  # the check above can fail
+
+
+def _templated_pool(prompt_tokens: int, n_rows: int = 40, body_tokens: int = 20):
+    """`n_rows` rows: one shared prompt of `prompt_tokens` tokens, then a distinct body of `body_tokens` tokens."""
+    prompt = list(range(5000, 5000 + prompt_tokens))
+    return [prompt + list(range(10_000 + 100 * i, 10_000 + 100 * i + body_tokens)) for i in range(n_rows)]
+
+
+def test_a_shared_prompt_does_not_make_distinct_examples_near_copies():
+    """A 300-token prompt before 20-token bodies: the full shingle sets agree at Jaccard 298 / 338 = 0.88 > 0.7, but
+    the prompt's shingles are in every row (template) and are left out, so only the bodies are compared."""
+    rows = _templated_pool(300)
+    inverse, first, counts = near_duplicate_groups(rows, 0.7)
+    assert counts.tolist() == [1] * 40
+    # a row copied with its last token changed is still a near copy of its row: the 20 content shingles (18 in the
+    # body, 2 across the prompt's end) agree on 19 of 21, Jaccard 0.90
+    changed = rows[3][:-1] + [1]
+    inverse, first, counts = near_duplicate_groups(rows + [changed], 0.7)
+    assert inverse[40] == 3 and counts.tolist() == [1, 1, 1, 2] + [1] * 36
+    # rows that are nothing but the prompt stay copies of each other
+    bare = rows[:30] + [rows[0][:300]] * 3
+    assert near_duplicate_groups(bare, 0.7)[2].tolist() == [1] * 30 + [3]
+
+
+def test_template_shingles_are_those_in_more_than_half_of_the_rows():
+    """A prompt shared by 21 of 40 rows is template; one shared by 19 of 40 (under half) is content, and then the
+    rows that share it (Jaccard 0.88) are one near-copy group."""
+    rows = _templated_pool(300)
+    half_over = [row if i < 21 else row[300:] for i, row in enumerate(rows)]
+    assert near_duplicate_groups(half_over, 0.7)[2].tolist() == [1] * 40
+    half_under = [row if i < 19 else row[300:] for i, row in enumerate(rows)]
+    assert near_duplicate_groups(half_under, 0.7)[2].tolist() == [19] + [1] * 21

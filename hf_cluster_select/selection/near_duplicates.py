@@ -24,7 +24,13 @@ SemDeDup, Abbas et al., arXiv 2303.09540, does it in embedding space):
    quadratic, in a bucket of many copies); the other pairs join through those links or through other bands.
 4. *Verification*: a candidate pair is kept when its estimated Jaccard (agreeing values / `n_hashes`) is at least
    `threshold`; near the threshold the estimate's noise decides.
-5. *Groups*: connected components of the kept pairs (`scipy.sparse.csgraph`): a chain of near copies is one group,
+5. *Template shingles*: a shingle found in more than `COMMON_SHARE` (half) of the rows is ignored, so a long
+   shared prompt (a chat template's system prompt, an instruction repeated on every row) does not make distinct
+   examples look alike; the share is estimated on a seeded sample of at most `COMMON_SAMPLE` rows. A row made only
+   of such shingles keeps all of them (rows that are nothing but the template are still copies of each other).
+   The price: in a pool of at least `COMMON_MIN_ROWS` rows where one example's copies fill more than half the rows,
+   their shingles look like template too; its exact copies still join, its near copies may not.
+6. *Groups*: connected components of the kept pairs (`scipy.sparse.csgraph`): a chain of near copies is one group,
    even where its two ends are not near copies of each other.
 
 Measured (`near_duplicate_groups` alone): 100,000 rows of 100 token ids (vocabulary 32,000; 20,000 of them near
@@ -50,6 +56,9 @@ from .duplicates import groups_by_first_row
 SHINGLE = 3  # tokens per shingle
 N_HASHES = 64  # MinHash values per example
 RECALL_AT_THRESHOLD = 0.99  # least probability that a pair at exactly the threshold becomes an LSH candidate
+COMMON_SHARE = 0.5  # a shingle in more than this share of the rows is template, not content
+COMMON_SAMPLE = 10_000  # rows sampled to find the template shingles
+COMMON_MIN_ROWS = 20  # fewer non-empty rows: no shingle is treated as template
 CHUNK_VALUES = 1 << 22  # shingles × hashes per block of the signature pass, and pairs × hashes when verifying
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
@@ -119,9 +128,39 @@ def _shingle_hashes(tokens: np.ndarray, lengths: np.ndarray, shingle: int,
     return _mix(hashes[keep]), np.where(long, lengths - shingle + 1, 1)
 
 
+def _common_shingles(flat: np.ndarray, row_lengths: np.ndarray, shingle: int, coefficients: np.ndarray,
+                     rng: np.random.Generator) -> np.ndarray:
+    """Sorted hashes of the shingles found in more than `COMMON_SHARE` of a sample of at most `COMMON_SAMPLE` of the
+    non-empty rows (`flat`: their tokens in order, `row_lengths`: theirs); empty below `COMMON_MIN_ROWS` rows."""
+    n = row_lengths.size
+    if n < COMMON_MIN_ROWS:
+        return np.zeros(0, dtype=np.uint64)
+    sample = np.sort(rng.choice(n, size=min(n, COMMON_SAMPLE), replace=False))
+    ends = np.cumsum(row_lengths)
+    tokens = np.concatenate([flat[ends[i] - row_lengths[i]: ends[i]] for i in sample])
+    hashes, per_row = _shingle_hashes(tokens, row_lengths[sample], shingle, coefficients)
+    rows = np.repeat(np.arange(sample.size, dtype=np.uint64), per_row)
+    pairs = np.unique(np.stack([rows, hashes], axis=1), axis=0)  # a shingle counted once per row
+    values, counts = np.unique(pairs[:, 1], return_counts=True)
+    return values[counts > COMMON_SHARE * sample.size]
+
+
+def _without_common(hashes: np.ndarray, per_row: np.ndarray, common: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Drop the `common` shingle hashes from each row's `hashes` (`per_row` of them per row, >= 1), except in a row
+    made only of common shingles, which keeps them all."""
+    if common.size == 0:
+        return hashes, per_row
+    content = ~np.isin(hashes, common, assume_unique=False)
+    starts = np.cumsum(per_row) - per_row
+    left = np.add.reduceat(content.astype(np.int64), starts)
+    keep = content | np.repeat(left == 0, per_row)
+    return hashes[keep], np.where(left == 0, per_row, left)
+
+
 def minhash_signatures(token_rows: Sequence[Any], *, shingle: int = SHINGLE, n_hashes: int = N_HASHES,
                        seed: int = ClusterSelectConfig.selection_seed) -> np.ndarray:
-    """MinHash signature of every example's set of token shingles (see the module docstring).
+    """MinHash signature of every example's set of token shingles, template shingles left out (see the module
+    docstring).
 
     Args:
         token_rows (sequence of 1-D int sequences, length `n`): token ids of every example.
@@ -156,12 +195,13 @@ def minhash_signatures(token_rows: Sequence[Any], *, shingle: int = SHINGLE, n_h
     rows = np.flatnonzero(~empty)
     row_lengths = lengths[rows]
     token_ends = np.cumsum(row_lengths)  # `flat` holds the tokens of these rows, in order
+    common = _common_shingles(flat, row_lengths, shingle, coefficients, rng)
     begin, block = 0, max(CHUNK_VALUES // n_hashes, 1)
     while begin < rows.size:  # blocks of about `block` tokens (shingles), whole rows
         first_token = int(token_ends[begin - 1]) if begin else 0
         end = max(int(np.searchsorted(token_ends, first_token + block, side="right")), begin + 1)
-        hashes, per_row = _shingle_hashes(flat[first_token: token_ends[end - 1]], row_lengths[begin:end], shingle,
-                                          coefficients)
+        hashes, per_row = _without_common(*_shingle_hashes(flat[first_token: token_ends[end - 1]],
+                                                           row_lengths[begin:end], shingle, coefficients), common)
         signatures[rows[begin:end]] = minima(hashes, per_row)
         begin = end
     return signatures
