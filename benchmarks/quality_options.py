@@ -26,7 +26,7 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="tiny pools, 1 epoch, one fraction and seed")
     parser.add_argument("--epochs", type=float, default=None, help="override the task's num_train_epochs")
     parser.add_argument("--learning-rate", type=float, default=None, help="override the task's learning rate")
-    parser.add_argument("--pool", type=int, default=None, help="training examples (20ng only; default 1000)")
+    parser.add_argument("--pool", type=int, default=None, help="training examples before any corruption (the 20ng tasks only; default 1000)")
     parser.add_argument("--curve", nargs="*", default=None, metavar="ARM",
                         help="arms evaluated after every epoch, the convergence check (default: full, when it "
                         "runs; none with an empty list)")
@@ -149,8 +149,9 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
     args.fractions = args.fractions or [0.1, 0.3, 0.5]
     args.seeds = args.seeds if args.seeds is not None else [0, 1, 2]
     args.arms = args.arms or list(DEFAULT_ARMS)
-    if args.pool is not None and (args.task != "20ng" or args.quick or args.pool < 20):
-        parser.error("--pool is a 20ng option (not with --quick, whose pool is 96) and needs at least 20 documents")
+    if args.pool is not None and (not args.task.startswith("20ng") or args.quick or args.pool < 20):
+        parser.error("--pool is an option of the 20ng tasks (not with --quick, whose pool is 96) and needs at least "
+                     "20 documents")
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be at least 1, got {args.threads}")
     for name in ("epochs", "learning_rate"):

@@ -96,7 +96,7 @@ def test_quick_quality_benchmark(tmp_path):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--task", "ni", "--pool", "100"], "--pool is a 20ng option"),
+    (["--task", "ni", "--pool", "100"], "--pool is an option of the 20ng tasks"),
     (["--epochs", "0"], "--epochs must be a positive number, got 0.0"),
     (["--arms", "random", "--curve", "default"], "--curve names arms this run does not train: ['default']"),
     (["--pool", "600"], "not with --quick"),
