@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -158,10 +159,11 @@ def select_with_model(
 
 
 def _token_groups(dataset: Any, config: ClusterSelectConfig, clock: PhaseClock) -> np.ndarray | None:
-    """Near-duplicate group of every example by its `input_ids` `[n]` on rank 0 (`None` on other ranks, or when
-    `near_duplicate_threshold` is unset), timed as the `near_duplicates` phase."""
+    """Near-duplicate group of every example by its `input_ids` `[n]` on rank 0 (`None` on other ranks, when
+    `near_duplicate_threshold` is unset, or when the examples have no `input_ids`), timed as the `near_duplicates`
+    phase."""
     threshold = config.selection_settings.near_duplicate_threshold
-    if threshold is None:
+    if threshold is None or not _has_input_ids(dataset):
         return None
     clock.start("near_duplicates")
     groups = None
@@ -169,6 +171,15 @@ def _token_groups(dataset: Any, config: ClusterSelectConfig, clock: PhaseClock) 
         groups = near_duplicate_groups(token_rows(dataset), threshold, seed=config.selection_seed)[0]
     clock.stop("near_duplicates")
     return groups
+
+
+def _has_input_ids(dataset: Any) -> bool:
+    """Whether the examples carry token ids (`input_ids`): a column of a `datasets.Dataset`, else a key of the first
+    example; an empty dataset has none."""
+    columns = getattr(dataset, "column_names", None)
+    if columns is not None:
+        return "input_ids" in columns
+    return len(dataset) > 0 and isinstance(dataset[0], Mapping) and "input_ids" in dataset[0]
 
 
 def with_near_duplicates(result: ClusteringResult, token_groups: Any) -> ClusteringResult:

@@ -128,12 +128,15 @@ class SelectionSettings:
 
     Attributes:
         quota (`str`, defaults to `"proportional"`): how the budget is split over clusters (`quotas.cluster_quotas`).
-        near_duplicate_threshold (`float`, *optional*): also merge examples whose token 3-grams have an estimated
-            Jaccard similarity of at least this, in (0, 1], into duplicate groups (`selection/near_duplicates.py`:
-            MinHash + LSH); `None` = only rows with identical features are merged.
-        duplicate_weight (`str`, defaults to `"group"`): what a duplicate group's kept copy stands for: `"group"` =
-            all its copies (its weight × the group's size), `"one"` = itself (the copies' mass is dropped and the
-            weights rescaled to sum to n, as SemDeDup drops them).
+        near_duplicate_threshold (`float`, *optional*, defaults to `0.7`): also merge examples whose token 3-grams
+            have an estimated Jaccard similarity of at least this, in (0, 1], into duplicate groups
+            (`selection/near_duplicates.py`: MinHash + LSH over `input_ids`; skipped for a dataset without
+            `input_ids`); `None` = only rows with identical features are merged. 0.7 and `duplicate_weight="one"`
+            were chosen on 20 Newsgroups with 30 % / 60 % duplicated rows (and tie the previous default on the
+            clean pool): `benchmarks/README.md`, "Noisy and redundant pools".
+        duplicate_weight (`str`, defaults to `"one"`): what a duplicate group's kept copy stands for: `"one"` =
+            itself (the copies' mass is dropped and the weights rescaled to sum to n, as SemDeDup drops them),
+            `"group"` = all its copies (its weight × the group's size: repetition kept as part of the mixture).
     Raises:
         ValueError: for an unknown quota or duplicate weight, or a threshold outside (0, 1].
     """
@@ -141,12 +144,12 @@ class SelectionSettings:
     quota: str = field(default="proportional", metadata={
         "help": "How the budget is split across clusters: in proportion to size, or the same count each.",
         "choices": ["proportional", "uniform"]})
-    near_duplicate_threshold: float | None = field(default=None, metadata={
+    near_duplicate_threshold: float | None = field(default=0.7, metadata={
         "help": "Merge examples whose token 3-grams have an estimated Jaccard similarity of at least this, in "
                 "(0, 1], into one candidate (MinHash + LSH over input_ids); None = only identical features merge."})
-    duplicate_weight: str = field(default="group", metadata={
-        "help": "What the kept copy of a duplicate group stands for: 'group' = all its copies (weight × group "
-                "size); 'one' = itself (the copies' weight is dropped, the rest rescaled to sum to n).",
+    duplicate_weight: str = field(default="one", metadata={
+        "help": "What the kept copy of a duplicate group stands for: 'one' = itself (the copies' weight is "
+                "dropped, the rest rescaled to sum to n); 'group' = all its copies (weight × group size).",
         "choices": ["group", "one"]})
 
     def __post_init__(self) -> None:

@@ -156,9 +156,12 @@ def test_token_rows_reads_datasets_and_lists_of_dicts():
 
 
 # ---- settings ---------------------------------------------------------------------------------------------------
-def test_settings_are_off_by_default_and_validated_with_their_names():
+def test_settings_default_to_the_measured_check_and_are_validated_with_their_names():
     settings = ClusterSelectConfig().selection_settings
-    assert settings.near_duplicate_threshold is None and settings.duplicate_weight == "group"
+    assert settings.near_duplicate_threshold == 0.7 and settings.duplicate_weight == "one"
+    off = ClusterSelectConfig(strategy_kwargs={"near_duplicate_threshold": None, "duplicate_weight": "group"})
+    assert off.selection_settings.near_duplicate_threshold is None
+    assert ClusterSelectConfig.from_json(off.to_json()) == off
     config = ClusterSelectConfig(strategy_kwargs={"near_duplicate_threshold": 1, "duplicate_weight": "one"})
     assert config.selection_settings.near_duplicate_threshold == 1.0
     assert ClusterSelectConfig.from_json(config.to_json()) == config
@@ -176,8 +179,10 @@ def test_command_line_options_set_them(tmp_path, capsys):
 
     base = ["select", "--model", "m", "--dataset", "d", "--output", str(tmp_path / "o")]
     config = config_from_args(build_parser().parse_args(base + ["--near-duplicate-threshold", "0.8",
-                                                                "--duplicate-weight", "one"]))
-    assert config.strategy_kwargs == {"duplicate_weight": "one", "near_duplicate_threshold": 0.8}
+                                                                "--duplicate-weight", "group"]))
+    assert config.strategy_kwargs == {"duplicate_weight": "group", "near_duplicate_threshold": 0.8}
+    off = config_from_args(build_parser().parse_args(base + ["--near-duplicate-threshold", "None"]))
+    assert off.selection_settings.near_duplicate_threshold is None
     assert main(base + ["--near-duplicate-threshold", "1.5"]) == 2
     assert ("`--near-duplicate-threshold` must be a float in (0, 1] or None, got 1.5"
             in capsys.readouterr().err)
@@ -221,11 +226,11 @@ def train_on(tmp_path, tiny_lm, dataset, collator, **settings):
 
 
 def test_the_trainer_keeps_one_row_per_near_copy_family(tmp_path, _tiny_lm_base, tokenizer, collator):
-    """72 rows from 40 sources (8 of them with 4 near copies): with `near_duplicate_threshold` the 36 kept rows
-    come from 36 different sources and the report counts the 32 copies; without it, copies share the budget."""
+    """72 rows from 40 sources (8 of them with 4 near copies): with the default `near_duplicate_threshold` (0.7)
+    the 36 kept rows come from 36 different sources and the report counts the 32 copies; with it off (`None`),
+    copies share the budget."""
     dataset, source = near_copy_dataset(tokenizer)
-    trainer, report = train_on(tmp_path / "on", copy.deepcopy(_tiny_lm_base), dataset, collator,
-                               near_duplicate_threshold=0.7)
+    trainer, report = train_on(tmp_path / "on", copy.deepcopy(_tiny_lm_base), dataset, collator)  # the default
     kept = trainer.selection.indices
     assert kept.size == 36 and np.unique(source[kept]).size == 36  # no two kept rows are near copies
     assert report["n_near_duplicate_rows"] == 32 and report["near_duplicates_seconds"] > 0
@@ -233,7 +238,8 @@ def test_the_trainer_keeps_one_row_per_near_copy_family(tmp_path, _tiny_lm_base,
         report["features_seconds"] + report["near_duplicates_seconds"] + report["clustering_seconds"])
     assert sum(report["weights"]) == pytest.approx(72)
     assert "Near-duplicate examples" in (tmp_path / "on" / "out" / "README.md").read_text()
-    plain, plain_report = train_on(tmp_path / "off", copy.deepcopy(_tiny_lm_base), dataset, collator)
+    plain, plain_report = train_on(tmp_path / "off", copy.deepcopy(_tiny_lm_base), dataset, collator,
+                                   near_duplicate_threshold=None)
     assert plain_report["n_near_duplicate_rows"] is None and plain_report["near_duplicates_seconds"] is None
     assert np.unique(source[plain.selection.indices]).size < 36  # the check above can fail
 
@@ -268,3 +274,20 @@ def test_template_shingles_are_those_in_more_than_half_of_the_rows():
     assert near_duplicate_groups(half_over, 0.7)[2].tolist() == [1] * 40
     half_under = [row if i < 19 else row[300:] for i, row in enumerate(rows)]
     assert near_duplicate_groups(half_under, 0.7)[2].tolist() == [19] + [1] * 21
+
+
+def test_examples_without_input_ids_skip_the_check():
+    """The check reads `input_ids`; a dataset without them (features only, another modality) is selected without it
+    rather than failing, and the report then says it did not run (`None`)."""
+    from datasets import Dataset
+
+    from hf_cluster_select.clock import PhaseClock
+    from hf_cluster_select.pipeline import _has_input_ids, _token_groups
+
+    config = ClusterSelectConfig(data_fraction=0.5)
+    assert _token_groups([{"pixel_values": [0.0, 1.0]}] * 3, config, PhaseClock()) is None
+    assert _token_groups(Dataset.from_dict({"x": [1, 2, 3]}), config, PhaseClock()) is None
+    assert not _has_input_ids([]) and _has_input_ids([{"input_ids": [1]}])
+    groups = _token_groups([{"input_ids": BASE}, {"input_ids": UNRELATED}, {"input_ids": ONE_CHANGED}], config,
+                           PhaseClock())
+    assert groups.tolist() == [0, 1, 0]

@@ -212,7 +212,8 @@ def test_weights_sum_to_n_when_budget_below_cluster_count():
 
 def test_a_repeated_row_takes_one_slot_and_keeps_its_weight():
     """A row repeated 15 times among 60 distinct rows: clustering merges the copies into one group, selection keeps
-    at most one copy, and that copy's weight counts the 15 (issue: it used to take 4 of 23 slots)."""
+    at most one copy, and with `duplicate_weight="group"` that copy's weight counts the 15 (issue: it used to take 4
+    of 23 slots); with the default `"one"` it weighs as one example."""
     from hf_cluster_select import ClusterSelectConfig
     from hf_cluster_select.selection import cluster_features
 
@@ -223,14 +224,19 @@ def test_a_repeated_row_takes_one_slot_and_keeps_its_weight():
     copies = [0, *range(60, 75)]
     assert np.unique(result.groups[copies]).size == 1 and np.unique(result.groups).size == 60
     for rule in ("peripheral", "central", "random", "kcenter", "importance_norm"):
-        chosen = select_subset(result, ClusterSelectConfig(data_fraction=0.3, within_cluster=rule),
-                               norms=np.linalg.norm(features, axis=1))
-        kept = set(chosen.indices.tolist())
-        assert chosen.n_kept == 23 and len(kept & set(copies)) <= 1, rule
-        assert chosen.weights.sum() == pytest.approx(75)
-        if kept & set(copies):
-            mine = chosen.weights[chosen.indices.tolist().index(min(kept & set(copies)))]
-            assert mine > 8 * np.median(chosen.weights), rule
+        for weight in ("group", "one"):
+            chosen = select_subset(result, ClusterSelectConfig(data_fraction=0.3, within_cluster=rule,
+                                                               strategy_kwargs={"duplicate_weight": weight}),
+                                   norms=np.linalg.norm(features, axis=1))
+            kept = set(chosen.indices.tolist())
+            assert chosen.n_kept == 23 and len(kept & set(copies)) <= 1, rule
+            assert chosen.weights.sum() == pytest.approx(75)
+            if kept & set(copies):
+                mine = chosen.weights[chosen.indices.tolist().index(min(kept & set(copies)))]
+                if weight == "group":
+                    assert mine > 8 * np.median(chosen.weights), rule
+                else:
+                    assert mine < 2 * np.median(chosen.weights), rule
 
 
 def test_groups_are_ignored_when_fewer_than_the_budget():
@@ -262,7 +268,7 @@ def test_duplicate_weight_group_counts_the_copies_and_one_drops_them():
         assert chosen.indices.tolist() == [0, 4, 5, 6] and chosen.weights.tolist() == pytest.approx(values)
         assert chosen.weights.sum() == pytest.approx(8)
     default = select_from_labels(labels, points, data_fraction=0.5, within_cluster="central", groups=groups)
-    assert default.weights.tolist() == pytest.approx(expected["group"])  # "group" is today's semantic
+    assert default.weights.tolist() == pytest.approx(expected["one"])  # "one" is the default
     result = ClusteringResult(labels=labels, raw_labels=labels, reduced=points, n_clusters=2, method="kmeans",
                               groups=np.asarray(groups))
     one = select_subset(result, ClusterSelectConfig(data_fraction=0.5, within_cluster="central",
