@@ -212,7 +212,8 @@ def format_report(folder: str, examples: int = 3) -> str:
     lines = [f"kept {report['n_kept']} of {report['n_examples']} examples ({report['fraction_kept']:.1%}) in "
              f"{report['n_clusters']} clusters ({report['clustering_method']}; {report['n_noise']} noise points); "
              f"features {report.get('features_seconds') or 0:.1f} s, "
-             f"clustering {report.get('clustering_seconds') or 0:.1f} s", *_token_lines(report),
+             f"clustering {report.get('clustering_seconds') or 0:.1f} s", *_near_duplicate_lines(report),
+             *_token_lines(report),
              *_target_lines(report.get("target")), "",
              "| cluster | size | kept | weight | mean tokens | mean loss (nats) | examples |",
              "|---|---|---|---|---|---|---|"]
@@ -221,6 +222,14 @@ def format_report(folder: str, examples: int = 3) -> str:
         lines.append(f"| {row['cluster']} | {row['size']} | {row['kept']} | {row['weight']:.3g} | "
                      f"{row['mean_tokens']:.1f} | {'—' if row['mean_loss'] is None else format(row['mean_loss'], '.3f')} | {texts} |")
     return "\n".join(lines)
+
+
+def _near_duplicate_lines(report: dict) -> list[str]:
+    """With the token near-duplicate check run: how many examples it put into an earlier example's group."""
+    if report.get("n_near_duplicate_rows") is None:
+        return []
+    return [f"near duplicates: {report['n_near_duplicate_rows']} examples joined an earlier example's group "
+            f"(token check, {report.get('near_duplicates_seconds') or 0:.2f} s)"]
 
 
 def _target_lines(target: dict | None) -> list[str]:
