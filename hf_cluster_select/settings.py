@@ -128,15 +128,16 @@ class SelectionSettings:
 
     Attributes:
         quota (`str`, defaults to `"proportional"`): how the budget is split over clusters (`quotas.cluster_quotas`).
-        near_duplicate_threshold (`float`, *optional*, defaults to `0.7`): also merge examples whose token 3-grams
-            have an estimated Jaccard similarity of at least this, in (0, 1], into duplicate groups
-            (`selection/near_duplicates.py`: MinHash + LSH over `input_ids`; skipped for a dataset without
-            `input_ids`); `None` = only rows with identical features are merged. 0.7 and `duplicate_weight="one"`
-            were chosen on 20 Newsgroups with 30 % / 60 % duplicated rows (and tie the previous default on the
-            clean pool): `benchmarks/README.md`, "Noisy and redundant pools".
-        duplicate_weight (`str`, defaults to `"one"`): what a duplicate group's kept copy stands for: `"one"` =
-            itself (the copies' mass is dropped and the weights rescaled to sum to n, as SemDeDup drops them),
-            `"group"` = all its copies (its weight × the group's size: repetition kept as part of the mixture).
+        near_duplicate_threshold (`float`, *optional*): also merge examples whose token 3-grams have an estimated
+            Jaccard similarity of at least this, in (0, 1], into duplicate groups (`selection/near_duplicates.py`:
+            MinHash + LSH over `input_ids`; skipped for a dataset without `input_ids`); `None` (default) = only rows
+            with identical features are merged. 0.7 with `duplicate_weight="one"` is the measured setting for
+            redundant pools (20 Newsgroups with 30 % / 60 % duplicated rows; a tie on the clean pool:
+            `benchmarks/README.md`, "Noisy and redundant pools"). Not the default: rows that share a long prompt
+            found in half of the rows or fewer (several tasks, each with its own long instruction) are merged too.
+        duplicate_weight (`str`, defaults to `"group"`): what a duplicate group's kept copy stands for: `"group"` =
+            all its copies (its weight × the group's size: repetition kept as part of the mixture), `"one"` = itself
+            (the copies' mass is dropped and the weights rescaled to sum to n, as SemDeDup drops them).
     Raises:
         ValueError: for an unknown quota or duplicate weight, or a threshold outside (0, 1].
     """
@@ -144,12 +145,12 @@ class SelectionSettings:
     quota: str = field(default="proportional", metadata={
         "help": "How the budget is split across clusters: in proportion to size, or the same count each.",
         "choices": ["proportional", "uniform"]})
-    near_duplicate_threshold: float | None = field(default=0.7, metadata={
+    near_duplicate_threshold: float | None = field(default=None, metadata={
         "help": "Merge examples whose token 3-grams have an estimated Jaccard similarity of at least this, in "
                 "(0, 1], into one candidate (MinHash + LSH over input_ids); None = only identical features merge."})
-    duplicate_weight: str = field(default="one", metadata={
-        "help": "What the kept copy of a duplicate group stands for: 'one' = itself (the copies' weight is "
-                "dropped, the rest rescaled to sum to n); 'group' = all its copies (weight × group size).",
+    duplicate_weight: str = field(default="group", metadata={
+        "help": "What the kept copy of a duplicate group stands for: 'group' = all its copies (weight × group "
+                "size); 'one' = itself (the copies' weight is dropped, the rest rescaled to sum to n).",
         "choices": ["group", "one"]})
 
     def __post_init__(self) -> None:

@@ -58,10 +58,7 @@ def test_select_writes_dataset_report_and_a_reusable_selection(tmp_path, model_f
     text = format_report(out)
     assert format_report(os.path.join(out, "selection_report.json")) == text  # the report file itself works too
     assert text.startswith("kept 10 of 40 examples (25.0%)") and text.count("\n| ") == len(clusters) + 1
-    # the near-duplicate check runs by default: its count is in the report, the summary line and `report`
-    assert isinstance(report["n_near_duplicate_rows"], int) and report["n_near_duplicate_rows"] >= 0
-    assert (f"near duplicates: {report['n_near_duplicate_rows']} examples joined an earlier example's group"
-            in text)
+    assert report["n_near_duplicate_rows"] is None and "near duplicates" not in text  # the check is off by default
     assert report["token_kind"] == "loss" and 0 < report["tokens_kept"] < report["tokens_total"]
     assert (f"\nkept {report['tokens_kept']} of {report['tokens_total']} loss-bearing tokens "
             f"({report['tokens_kept'] / report['tokens_total']:.1%})\n") in text
@@ -314,14 +311,15 @@ def test_an_unexpected_error_is_one_line_with_a_debug_hint(tmp_path, model_folde
 
 
 def test_select_reports_the_copies_the_near_duplicate_check_joined(tmp_path, model_folder, data_file, capsys):
-    """40 distinct rows plus exact copies of rows 0-4: the default token check puts the 5 copies into their
-    source's group, and the summary JSON, the report file and `report` all say 5."""
+    """40 distinct rows plus exact copies of rows 0-4: the token check puts the 5 copies into their source's
+    group, and the summary JSON, the report file and `report` all say 5."""
     rows = [json.loads(line) for line in open(data_file)]
     path = tmp_path / "copies.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows + rows[:5]))
     out = str(tmp_path / "sel")
     assert main(["select", "--model", model_folder, "--dataset", str(path), "--prompt-column", "q",
-                 "--completion-column", "a", "--data-fraction", "0.25", "--output", out]) == 0
+                 "--completion-column", "a", "--data-fraction", "0.25", "--near-duplicate-threshold", "0.7",
+                 "--output", out]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["n_near_duplicate_rows"] == 5 and summary["n_kept"] == 11
     assert json.load(open(os.path.join(out, "selection_report.json")))["n_near_duplicate_rows"] == 5

@@ -156,12 +156,9 @@ def test_token_rows_reads_datasets_and_lists_of_dicts():
 
 
 # ---- settings ---------------------------------------------------------------------------------------------------
-def test_settings_default_to_the_measured_check_and_are_validated_with_their_names():
+def test_settings_are_off_by_default_and_validated_with_their_names():
     settings = ClusterSelectConfig().selection_settings
-    assert settings.near_duplicate_threshold == 0.7 and settings.duplicate_weight == "one"
-    off = ClusterSelectConfig(strategy_kwargs={"near_duplicate_threshold": None, "duplicate_weight": "group"})
-    assert off.selection_settings.near_duplicate_threshold is None
-    assert ClusterSelectConfig.from_json(off.to_json()) == off
+    assert settings.near_duplicate_threshold is None and settings.duplicate_weight == "group"
     config = ClusterSelectConfig(strategy_kwargs={"near_duplicate_threshold": 1, "duplicate_weight": "one"})
     assert config.selection_settings.near_duplicate_threshold == 1.0
     assert ClusterSelectConfig.from_json(config.to_json()) == config
@@ -179,10 +176,8 @@ def test_command_line_options_set_them(tmp_path, capsys):
 
     base = ["select", "--model", "m", "--dataset", "d", "--output", str(tmp_path / "o")]
     config = config_from_args(build_parser().parse_args(base + ["--near-duplicate-threshold", "0.8",
-                                                                "--duplicate-weight", "group"]))
-    assert config.strategy_kwargs == {"duplicate_weight": "group", "near_duplicate_threshold": 0.8}
-    off = config_from_args(build_parser().parse_args(base + ["--near-duplicate-threshold", "None"]))
-    assert off.selection_settings.near_duplicate_threshold is None
+                                                                "--duplicate-weight", "one"]))
+    assert config.strategy_kwargs == {"duplicate_weight": "one", "near_duplicate_threshold": 0.8}
     assert main(base + ["--near-duplicate-threshold", "1.5"]) == 2
     assert ("`--near-duplicate-threshold` must be a float in (0, 1] or None, got 1.5"
             in capsys.readouterr().err)
@@ -226,11 +221,12 @@ def train_on(tmp_path, tiny_lm, dataset, collator, **settings):
 
 
 def test_the_trainer_keeps_one_row_per_near_copy_family(tmp_path, _tiny_lm_base, tokenizer, collator):
-    """72 rows from 40 sources (8 of them with 4 near copies): with the default `near_duplicate_threshold` (0.7)
-    the 36 kept rows come from 36 different sources and the report counts the 32 copies; with it off (`None`),
-    copies share the budget."""
+    """72 rows from 40 sources (8 of them with 4 near copies): with `near_duplicate_threshold` the 36 kept rows
+    come from 36 different sources and the report counts the 32 copies; without it (the default), copies share the
+    budget."""
     dataset, source = near_copy_dataset(tokenizer)
-    trainer, report = train_on(tmp_path / "on", copy.deepcopy(_tiny_lm_base), dataset, collator)  # the default
+    trainer, report = train_on(tmp_path / "on", copy.deepcopy(_tiny_lm_base), dataset, collator,
+                               near_duplicate_threshold=0.7)
     kept = trainer.selection.indices
     assert kept.size == 36 and np.unique(source[kept]).size == 36  # no two kept rows are near copies
     assert report["n_near_duplicate_rows"] == 32 and report["near_duplicates_seconds"] > 0
@@ -238,8 +234,7 @@ def test_the_trainer_keeps_one_row_per_near_copy_family(tmp_path, _tiny_lm_base,
         report["features_seconds"] + report["near_duplicates_seconds"] + report["clustering_seconds"])
     assert sum(report["weights"]) == pytest.approx(72)
     assert "Near-duplicate examples" in (tmp_path / "on" / "out" / "README.md").read_text()
-    plain, plain_report = train_on(tmp_path / "off", copy.deepcopy(_tiny_lm_base), dataset, collator,
-                                   near_duplicate_threshold=None)
+    plain, plain_report = train_on(tmp_path / "off", copy.deepcopy(_tiny_lm_base), dataset, collator)
     assert plain_report["n_near_duplicate_rows"] is None and plain_report["near_duplicates_seconds"] is None
     assert np.unique(source[plain.selection.indices]).size < 36  # the check above can fail
 
@@ -284,10 +279,19 @@ def test_examples_without_input_ids_skip_the_check():
     from hf_cluster_select.clock import PhaseClock
     from hf_cluster_select.pipeline import _has_input_ids, _token_groups
 
-    config = ClusterSelectConfig(data_fraction=0.5)
+    config = ClusterSelectConfig(data_fraction=0.5, strategy_kwargs={"near_duplicate_threshold": 0.7})
     assert _token_groups([{"pixel_values": [0.0, 1.0]}] * 3, config, PhaseClock()) is None
     assert _token_groups(Dataset.from_dict({"x": [1, 2, 3]}), config, PhaseClock()) is None
     assert not _has_input_ids([]) and _has_input_ids([{"input_ids": [1]}])
     groups = _token_groups([{"input_ids": BASE}, {"input_ids": UNRELATED}, {"input_ids": ONE_CHANGED}], config,
                            PhaseClock())
     assert groups.tolist() == [0, 1, 0]
+
+
+def test_prompts_each_in_half_the_rows_or_fewer_still_merge_their_rows():
+    """Why the check is off by default: two 200-token prompts, each in 20 of 40 rows (not over half), before 20
+    distinct tokens: each prompt's rows agree at Jaccard about 0.9 and become one group per prompt."""
+    first, second = _templated_pool(200, n_rows=20), _templated_pool(200, n_rows=20)
+    second = [[t + 1000 for t in row[:200]] + [t + 5000 for t in row[200:]] for row in second]
+    inverse, first_rows, counts = near_duplicate_groups(first + second, 0.7)
+    assert sorted(counts.tolist()) == [20, 20] and inverse[:20].tolist() == [0] * 20

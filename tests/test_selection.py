@@ -213,7 +213,7 @@ def test_weights_sum_to_n_when_budget_below_cluster_count():
 def test_a_repeated_row_takes_one_slot_and_keeps_its_weight():
     """A row repeated 15 times among 60 distinct rows: clustering merges the copies into one group, selection keeps
     at most one copy, and with `duplicate_weight="group"` that copy's weight counts the 15 (issue: it used to take 4
-    of 23 slots); with the default `"one"` it weighs as one example."""
+    of 23 slots); with `"one"` it weighs as one example."""
     from hf_cluster_select import ClusterSelectConfig
     from hf_cluster_select.selection import cluster_features
 
@@ -268,7 +268,7 @@ def test_duplicate_weight_group_counts_the_copies_and_one_drops_them():
         assert chosen.indices.tolist() == [0, 4, 5, 6] and chosen.weights.tolist() == pytest.approx(values)
         assert chosen.weights.sum() == pytest.approx(8)
     default = select_from_labels(labels, points, data_fraction=0.5, within_cluster="central", groups=groups)
-    assert default.weights.tolist() == pytest.approx(expected["one"])  # "one" is the default
+    assert default.weights.tolist() == pytest.approx(expected["group"])  # "group" is the default
     result = ClusteringResult(labels=labels, raw_labels=labels, reduced=points, n_clusters=2, method="kmeans",
                               groups=np.asarray(groups))
     one = select_subset(result, ClusterSelectConfig(data_fraction=0.5, within_cluster="central",
