@@ -26,7 +26,8 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="tiny pools, 1 epoch, one fraction and seed")
     parser.add_argument("--epochs", type=float, default=None, help="override the task's num_train_epochs")
     parser.add_argument("--learning-rate", type=float, default=None, help="override the task's learning rate")
-    parser.add_argument("--pool", type=int, default=None, help="training examples before any corruption (the 20ng tasks only; default 1000)")
+    parser.add_argument("--pool", type=int, default=None,
+                        help="training examples before any corruption (the 20ng tasks only; default 1000)")
     parser.add_argument("--curve", nargs="*", default=None, metavar="ARM",
                         help="arms evaluated after every epoch, the convergence check (default: full, when it "
                         "runs; none with an empty list)")

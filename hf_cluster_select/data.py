@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import numpy as np
@@ -92,6 +93,22 @@ def example_lengths(dataset: Any, key: str = "input_ids") -> np.ndarray:
                 )
             lengths.append(len(example[key]))
     return np.maximum(np.asarray(lengths, dtype=np.int64), 1)
+
+
+def has_token_column(dataset: Any, key: str = "input_ids") -> bool:
+    """Whether `token_rows(dataset, key)` can read the examples: `key` is a column of a column-store dataset
+    (`datasets.Dataset`), else a key of the first example; an empty dataset has none.
+
+    Args:
+        dataset (map-style dataset of `dict`): the examples.
+        key (`str`, *optional*, defaults to `"input_ids"`): the token column.
+    Returns:
+        `bool`.
+    """
+    columns = getattr(dataset, "column_names", None)
+    if columns is not None:
+        return key in columns
+    return len(dataset) > 0 and isinstance(dataset[0], Mapping) and key in dataset[0]
 
 
 def token_rows(dataset: Any, key: str = "input_ids", batch_rows: int = 4096) -> list:

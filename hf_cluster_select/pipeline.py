@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -20,7 +19,7 @@ from . import distributed
 from ._types import NO_LOSS_LABEL, ClusteringResult, RunFacts, Selection, TargetSet
 from .clock import PhaseClock
 from .config import ClusterSelectConfig
-from .data import token_rows
+from .data import has_token_column, token_rows
 from .feature_cache import FeatureCache
 from .features import FEATURES
 from .features.proxy import truncated_layers
@@ -163,7 +162,7 @@ def _token_groups(dataset: Any, config: ClusterSelectConfig, clock: PhaseClock) 
     `near_duplicate_threshold` is unset, or when the examples have no `input_ids`), timed as the `near_duplicates`
     phase."""
     threshold = config.selection_settings.near_duplicate_threshold
-    if threshold is None or not _has_input_ids(dataset):
+    if threshold is None or not has_token_column(dataset):
         return None
     clock.start("near_duplicates")
     groups = None
@@ -171,15 +170,6 @@ def _token_groups(dataset: Any, config: ClusterSelectConfig, clock: PhaseClock) 
         groups = near_duplicate_groups(token_rows(dataset), threshold, seed=config.selection_seed)[0]
     clock.stop("near_duplicates")
     return groups
-
-
-def _has_input_ids(dataset: Any) -> bool:
-    """Whether the examples carry token ids (`input_ids`): a column of a `datasets.Dataset`, else a key of the first
-    example; an empty dataset has none."""
-    columns = getattr(dataset, "column_names", None)
-    if columns is not None:
-        return "input_ids" in columns
-    return len(dataset) > 0 and isinstance(dataset[0], Mapping) and "input_ids" in dataset[0]
 
 
 def with_near_duplicates(result: ClusteringResult, token_groups: Any) -> ClusteringResult:

@@ -277,12 +277,13 @@ def test_examples_without_input_ids_skip_the_check():
     from datasets import Dataset
 
     from hf_cluster_select.clock import PhaseClock
-    from hf_cluster_select.pipeline import _has_input_ids, _token_groups
+    from hf_cluster_select.data import has_token_column
+    from hf_cluster_select.pipeline import _token_groups
 
     config = ClusterSelectConfig(data_fraction=0.5, strategy_kwargs={"near_duplicate_threshold": 0.7})
     assert _token_groups([{"pixel_values": [0.0, 1.0]}] * 3, config, PhaseClock()) is None
     assert _token_groups(Dataset.from_dict({"x": [1, 2, 3]}), config, PhaseClock()) is None
-    assert not _has_input_ids([]) and _has_input_ids([{"input_ids": [1]}])
+    assert not has_token_column([]) and has_token_column([{"input_ids": [1]}])
     groups = _token_groups([{"input_ids": BASE}, {"input_ids": UNRELATED}, {"input_ids": ONE_CHANGED}], config,
                            PhaseClock())
     assert groups.tolist() == [0, 1, 0]
