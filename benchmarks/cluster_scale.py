@@ -12,6 +12,13 @@ distance ~8σ), so agreement with the truth (ARI) is measurable. For every size,
 - `fine_kmeans_exact` (up to `--exact-limit` rows) and `fine_kmeans` (two-level above the sample size) at
   `data_fraction=0.3`, where agreement is the homogeneity of the fine clusters with the truth (each fine cluster
   should lie inside one component);
+- `select_defaults`: the public path a user calls, `cluster_features` then `select_subset` with
+  `ClusterSelectConfig(data_fraction=0.3)` and every other default, with its seconds per stage (screen, dedup, PCA,
+  fit, assign, outputs; units, quotas, within-cluster rule, weights: `SelectionReport.stage_seconds`);
+  `--methods select_defaults` runs only it;
+- `select_defaults_memmap` (`--select-memmap-rows`, e.g. 10,000,000): the same public path on a 32-dim float32
+  matrix that the parent wrote to a file and the cell maps read-only (`np.memmap`), so the cell's peak memory is
+  what selection holds, not the data;
 - `fine_kmeans_memmap`: 600k rows × 1,024 dims (2.3 GiB float32) in a memory-mapped file, above the 2 GiB limit
   where `cluster_features` reads rows in blocks; its peak memory against the size of the matrix.
 
@@ -28,6 +35,7 @@ import os
 import platform
 import resource
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -65,14 +73,19 @@ def memmap_mixture(n: int, path: str, dim: int = MEMMAP_DIM) -> tuple[np.ndarray
     return np.memmap(path, dtype=np.float32, mode="r", shape=(n, dim)), truth
 
 
-def _cell(queue, method: str, n: int, sample_size):
+def _cell(queue, method: str, n: int, sample_size, path: str | None = None):
     from sklearn.metrics import adjusted_rand_score, homogeneity_score
 
     from hf_cluster_select import ClusterSelectConfig
-    from hf_cluster_select.selection import cluster_features
+    from hf_cluster_select.selection import cluster_features, select_subset
 
     extra = {}
-    if method == "fine_kmeans_memmap":
+    if method == "select_defaults_memmap":  # written by the parent (`write_select_memmap`): this process only reads
+        x = np.memmap(path, dtype=np.float32, mode="r").reshape(n, -1)
+        truth = np.load(path + ".truth.npy")
+        extra["feature_gib"] = x.nbytes / 2**30
+        extra["rss_before_clustering_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    elif method == "fine_kmeans_memmap":
         path = f"/tmp/cluster_scale_{os.getpid()}.f32"
         x, truth = memmap_mixture(n, path)
         extra["feature_gib"] = x.nbytes / 2**30
@@ -80,7 +93,15 @@ def _cell(queue, method: str, n: int, sample_size):
     else:
         x, truth = mixture(n)
     start = time.perf_counter()
-    if method == "hdbscan_approximate_predict":
+    if method.startswith("select_defaults"):  # the public path with every default, as a user calls it
+        config = ClusterSelectConfig(data_fraction=0.3)
+        result = cluster_features(x, config)
+        selection = select_subset(result, config)
+        labels = result.labels
+        extra.update(n_clusters=int(result.n_clusters), n_kept=selection.n_kept,
+                     sampled_rows=result.params.get("sampled_rows"),
+                     stage_seconds={**result.params["stage_seconds"], **selection.stage_seconds})
+    elif method == "hdbscan_approximate_predict":
         import hdbscan
 
         from hf_cluster_select.selection.clustering import _l2_normalise
@@ -107,17 +128,25 @@ def _cell(queue, method: str, n: int, sample_size):
     seconds = time.perf_counter() - start
     if method == "fine_kmeans_memmap":
         os.unlink(path)
-    score = homogeneity_score if "kmeans" in method else adjusted_rand_score
+    fine = "kmeans" in method or method.startswith("select_defaults")
+    score = homogeneity_score if fine else adjusted_rand_score
     queue.put(dict(method=method, n=n, seconds=seconds, truth_agreement=float(score(truth, labels)),
-                   agreement_kind="homogeneity" if "kmeans" in method else "ARI",
+                   agreement_kind="homogeneity" if fine else "ARI",
                    peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, labels=labels, **extra))
 
 
-def run_cell(method: str, n: int, sample_size, timeout: float) -> dict:
+def write_select_memmap(n: int, path: str, dim: int = 32) -> None:
+    """The 32-dim mixture of `mixture` (other draws), `n` rows written block by block to the float32 file `path`,
+    its components to `path + ".truth.npy"`: for `select_defaults_memmap`, which maps it read-only."""
+    _, truth = memmap_mixture(n, path, dim=dim)
+    np.save(path + ".truth.npy", truth)
+
+
+def run_cell(method: str, n: int, sample_size, timeout: float, path: str | None = None) -> dict:
     """One cell in a fresh child process (peak memory is that cell's); `timed_out` after `timeout` seconds."""
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    process = context.Process(target=_cell, args=(queue, method, n, sample_size))
+    process = context.Process(target=_cell, args=(queue, method, n, sample_size, path))
     process.start()
     try:
         return queue.get(timeout=timeout)
@@ -139,6 +168,15 @@ def markdown(result: dict) -> str:
         lines.append(f"| {cell['method']} | {cell['n']:,} | {cell['seconds']:.1f} | {cell['peak_rss_mib']:.0f} | "
                      f"{cell['agreement_kind']} {cell['truth_agreement']:.3f} | "
                      f"{'' if exact is None else f'{exact:.3f}'} |")
+    staged = [cell for cell in result["cells"] if cell.get("stage_seconds")]
+    if staged:
+        names = list(dict.fromkeys(name for cell in staged for name in cell["stage_seconds"]))
+        lines += ["", "Seconds per stage of `cluster_features` + `select_subset` with the defaults (data_fraction 0.3):",
+                  "", "| rows | total | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+        for cell in staged:
+            stages = cell["stage_seconds"]
+            lines.append(f"| {cell['n']:,} | {cell['seconds']:.1f} | "
+                         + " | ".join(f"{stages[name]:.2f}" if name in stages else "" for name in names) + " |")
     return "\n".join(lines)
 
 
@@ -148,8 +186,13 @@ def main(argv=None) -> int:
     parser.add_argument("--exact-limit", type=int, default=100_000, help="largest n for the exact fits")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per cell")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--methods", nargs="+", default=None,
+                        help="only these cells (e.g. select_defaults: the public path with the defaults, per stage)")
     parser.add_argument("--memmap-rows", type=int, default=600_000,
                         help="rows of the memory-mapped 1024-dim cell (2.3 GiB at 600k); 0 = skip it")
+    parser.add_argument("--select-memmap-rows", type=int, default=0,
+                        help="rows of the memory-mapped 32-dim cell of the public path (select_defaults_memmap, "
+                             "e.g. 10000000: 1.2 GiB float32); 0 = skip it")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "cluster_scale.json"))
     bench_io.add_report_option(parser)
     args = parser.parse_args(argv)
@@ -164,7 +207,8 @@ def main(argv=None) -> int:
         exact = {}
         plan = [("hdbscan_exact", None), ("fine_kmeans_exact", None)] if n <= args.exact_limit else []
         plan += [("hdbscan_sampled", sample_size), ("hdbscan_approximate_predict", sample_size),
-                 ("fine_kmeans", sample_size)]
+                 ("fine_kmeans", sample_size), ("select_defaults", sample_size)]
+        plan = [(m, s) for m, s in plan if args.methods is None or m in args.methods]
         for method, size in plan:
             cell = run_cell(method, n, size, args.timeout)
             labels = cell.pop("labels", None)
@@ -175,8 +219,20 @@ def main(argv=None) -> int:
                 cell["ari_with_exact_fit"] = float(adjusted_rand_score(base, labels))
             cells.append(cell)
             print(json.dumps(cell), flush=True)
-    if args.memmap_rows:
+    if args.memmap_rows and (args.methods is None or "fine_kmeans_memmap" in args.methods):
         cell = run_cell("fine_kmeans_memmap", args.memmap_rows, sample_size, args.timeout)
+        cell.pop("labels", None)
+        cells.append(cell)
+        print(json.dumps(cell), flush=True)
+    if args.select_memmap_rows:
+        path = os.path.join(tempfile.gettempdir(), f"cluster_scale_select_{os.getpid()}.f32")
+        try:
+            write_select_memmap(args.select_memmap_rows, path)
+            cell = run_cell("select_defaults_memmap", args.select_memmap_rows, sample_size, args.timeout, path)
+        finally:
+            for leftover in (path, path + ".truth.npy"):
+                if os.path.exists(leftover):
+                    os.unlink(leftover)
         cell.pop("labels", None)
         cells.append(cell)
         print(json.dumps(cell), flush=True)

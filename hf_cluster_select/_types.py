@@ -71,12 +71,17 @@ class Selection:
             for the full data.
         labels (`np.ndarray` of shape `[n_kept]`, int64): cluster of each kept example.
         n_total (`int`): number of examples selection chose from.
+        stage_seconds (`dict` of `str` to `float`): wall-clock seconds of the choosing stages of
+            `select.select_from_labels` — `inputs` (checking the arguments), `units` (duplicate groups to candidates), `quotas` (the budget split over
+            clusters), `within_cluster` (the rule in every cluster), `weights` (rescaling and sorting); empty for a
+            selection made otherwise (loaded from disk, a target's). Not compared by `==`.
     """
 
     indices: np.ndarray
     weights: np.ndarray
     labels: np.ndarray
     n_total: int
+    stage_seconds: dict[str, float] = field(default_factory=dict, compare=False)
 
     @property
     def n_kept(self) -> int:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 
 PHASES = ("warmup", "features", "near_duplicates", "clustering", "training")
 
@@ -50,3 +52,15 @@ class PhaseClock:
     def restore(self, seconds: dict[str, float]) -> None:
         """Continue from the seconds a checkpoint recorded (on resume)."""
         self.seconds = {phase: float(value) for phase, value in seconds.items() if phase in PHASES}
+
+
+@contextlib.contextmanager
+def timed(seconds: dict[str, float], stage: str) -> Iterator[None]:
+    """Add the wall-clock (`time.perf_counter`) seconds of the `with` block to `seconds[stage]`, also when it
+    raises: the per-stage timing of one selection (`ClusteringResult.params["stage_seconds"]`,
+    `Selection.stage_seconds`)."""
+    began = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - began

@@ -212,7 +212,8 @@ def format_report(folder: str, examples: int = 3) -> str:
     lines = [f"kept {report['n_kept']} of {report['n_examples']} examples ({report['fraction_kept']:.1%}) in "
              f"{report['n_clusters']} clusters ({report['clustering_method']}; {report['n_noise']} noise points); "
              f"features {report.get('features_seconds') or 0:.1f} s, "
-             f"clustering {report.get('clustering_seconds') or 0:.1f} s", *_near_duplicate_lines(report),
+             f"clustering {report.get('clustering_seconds') or 0:.1f} s", *_stage_lines(report),
+             *_near_duplicate_lines(report),
              *_token_lines(report),
              *_target_lines(report.get("target")), "",
              "| cluster | size | kept | weight | mean tokens | mean loss (nats) | examples |",
@@ -222,6 +223,14 @@ def format_report(folder: str, examples: int = 3) -> str:
         lines.append(f"| {row['cluster']} | {row['size']} | {row['kept']} | {row['weight']:.3g} | "
                      f"{row['mean_tokens']:.1f} | {'—' if row['mean_loss'] is None else format(row['mean_loss'], '.3f')} | {texts} |")
     return "\n".join(lines)
+
+
+def _stage_lines(report: dict) -> list[str]:
+    """The clustering seconds split by stage (`SelectionReport.stage_seconds`), in the order the stages ran."""
+    stages = report.get("stage_seconds")
+    if not stages:
+        return []
+    return ["stages: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in stages.items())]
 
 
 def _near_duplicate_lines(report: dict) -> list[str]:

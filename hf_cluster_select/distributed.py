@@ -52,25 +52,32 @@ def _communication_device() -> torch.device:
     return torch.device("cpu")
 
 
-def gather_rows(local_rows: torch.Tensor, local_indices: Sequence[int], n_examples: int) -> torch.Tensor:
-    """Assemble per-rank rows into one `[n_examples, ...]` tensor in dataset order, on every rank.
+def gather_rows(local_rows: torch.Tensor, local_indices: Sequence[int], n_examples: int,
+                dst: int | None = None) -> torch.Tensor | None:
+    """Assemble per-rank rows into one `[n_examples, ...]` tensor in dataset order, on every rank or on rank `dst`.
 
-    Ranks may hold different numbers of rows: each pads to the largest count, all-gathers, and drops the padding.
+    Ranks may hold different numbers of rows: each pads to the largest count, all-gathers (or gathers to `dst`:
+    then the other ranks never hold more than their own rows and one padded copy of them), and drops the padding.
 
     Args:
         local_rows (`torch.Tensor` of shape `[n_local, ...]`): this rank's rows (e.g. features `[n_local, dim]`).
         local_indices (sequence of `int`, length `n_local`): the dataset index of each local row.
         n_examples (`int`): total number of rows; the union of all ranks' indices must be `range(n_examples)`.
+        dst (`int`, *optional*): the only rank that receives the rows (`torch.distributed.gather`); `None` = every
+            rank (`all_gather`).
     Returns:
-        `torch.Tensor` of shape `[n_examples, ...]` on CPU, row `i` = the row some rank computed for index `i`.
+        `torch.Tensor` of shape `[n_examples, ...]` on CPU, row `i` = the row some rank computed for index `i`;
+        `None` on the ranks other than `dst` when `dst` is given.
     Raises:
-        ValueError: if `local_indices` does not match `local_rows` or the gathered indices do not cover
-            `range(n_examples)` exactly once.
+        ValueError: if `local_indices` does not match `local_rows`, `dst` is not a rank, or the gathered indices do
+            not cover `range(n_examples)` exactly once.
     """
     if len(local_indices) != local_rows.shape[0]:
         raise ValueError(
             f"`local_indices` has {len(local_indices)} entries but `local_rows` has {local_rows.shape[0]} rows."
         )
+    if dst is not None and (isinstance(dst, bool) or not isinstance(dst, int) or not 0 <= dst < world_size()):
+        raise ValueError(f"`dst` must be a rank in [0, {world_size()}) or None, got {dst!r}.")
     index_tensor = torch.as_tensor(list(local_indices), dtype=torch.int64)
     if is_distributed():
         device = _communication_device()
@@ -83,10 +90,17 @@ def gather_rows(local_rows: torch.Tensor, local_indices: Sequence[int], n_exampl
         padded[: local_rows.shape[0]] = local_rows.to(device)
         padded_index = torch.full((longest,), -1, dtype=torch.int64, device=device)
         padded_index[: index_tensor.shape[0]] = index_tensor.to(device)
-        all_rows = [torch.zeros_like(padded) for _ in counts_list]
-        all_index = [torch.zeros_like(padded_index) for _ in counts_list]
-        dist.all_gather(all_rows, padded)
-        dist.all_gather(all_index, padded_index)
+        receives = dst is None or rank() == dst
+        all_rows = [torch.zeros_like(padded) for _ in counts_list] if receives else None
+        all_index = [torch.zeros_like(padded_index) for _ in counts_list] if receives else None
+        if dst is None:
+            dist.all_gather(all_rows, padded)
+            dist.all_gather(all_index, padded_index)
+        else:
+            dist.gather(padded, all_rows, dst=dst)
+            dist.gather(padded_index, all_index, dst=dst)
+            if not receives:
+                return None
         rows = torch.cat([r[:c].cpu() for r, c in zip(all_rows, counts_list)])
         index_tensor = torch.cat([i[:c].cpu() for i, c in zip(all_index, counts_list)])
     else:

@@ -84,7 +84,8 @@ def select_with_model(
     """Choose the training subset with the current model (CluSTER, Kim et al., EMNLP 2026, with fine strata).
 
     Each rank computes the learning-effect features of its strided shard (`distributed.shard_indices`); the rows are
-    gathered in dataset order; rank 0 clusters and selects; the result is broadcast.
+    gathered in dataset order on rank 0 only (the other ranks hold their shard's rows, never the whole matrix);
+    rank 0 clusters and selects; the result (indices, weights, labels) is broadcast.
 
     With `near_duplicate_threshold` set, rank 0 also groups the examples whose `input_ids` are near copies
     (`near_duplicates.near_duplicate_groups`, its own `near_duplicates` phase) and joins those groups with the
@@ -212,7 +213,7 @@ def _select_for_target(result: ClusteringResult, features: Any, target: TargetSe
 def cached_or_computed_features(model, dataset, collator, *, config: ClusterSelectConfig, facts: RunFacts,
                                 lengths: Sequence[int], batch_size: int, show_progress: bool,
                                 cache: FeatureCache | None, identity: dict | None) -> tuple:
-    """`(features [n, dim] on rank 0 (None elsewhere on a cache hit), loss_tokens [n], norms, losses, from_cache)`:
+    """`(features [n, dim] on rank 0 (None elsewhere), loss_tokens [n], norms, losses, from_cache)`:
     from the cache when rank 0 finds `identity` there, else from the feature pass (`facts.feature` after
     `facts.feature_layers` blocks) on every rank's shard, stored in the cache by rank 0 (a failed store is logged,
     never raised). `losses` are the pass's own, also after a truncated pass (the head after the first blocks; the
@@ -236,7 +237,7 @@ def cached_or_computed_features(model, dataset, collator, *, config: ClusterSele
             projection_dim=config.feature_settings.projection_dim, projection_seed=config.selection_seed,
             show_progress=show_progress, shift_labels=facts.shift_labels,
         )
-    features = distributed.gather_rows(output.features, local, n)
+    features = distributed.gather_rows(output.features, local, n, dst=0)  # only rank 0 clusters: None elsewhere
     loss_tokens = distributed.gather_rows(output.loss_tokens.reshape(-1, 1), local, n).reshape(-1).numpy()
     norms, losses = (None if v is None else distributed.gather_rows(v.reshape(-1, 1), local, n).reshape(-1).numpy()
                      for v in (output.norms, output.losses))  # a custom signal may leave them out
@@ -246,7 +247,7 @@ def cached_or_computed_features(model, dataset, collator, *, config: ClusterSele
                                   "losses": losses})
         except OSError as error:  # a full or read-only disk costs the cache, never the run
             logger.warning("could not store the features in the cache %s: %s", cache.directory, error)
-    return features.numpy(), loss_tokens, norms, losses, False
+    return None if features is None else features.numpy(), loss_tokens, norms, losses, False
 
 
 def keep_everything(n: int, clock: PhaseClock) -> SelectionOutcome:

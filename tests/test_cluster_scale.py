@@ -130,3 +130,53 @@ def test_feature_storage_spills_to_a_memory_mapped_file(tmp_path, monkeypatch):
     big[3] = 1.0
     assert float(big.sum()) == 64.0 and big.shape == (1000, 64)
     assert os.listdir(tmp_path) == []  # the file is unlinked at once: nothing left behind
+
+
+def test_a_float32_matrix_is_read_in_blocks_when_its_float64_copy_would_be_too_large(monkeypatch):
+    """The limit is on the float64 copy (8 bytes per value), not on the input's own bytes: 100 × 4 float32 values
+    (1,600 bytes, 3,200 as float64) are read in blocks under a 2,000-byte limit, 50 × 4 are copied."""
+    from hf_cluster_select.selection import clustering
+
+    monkeypatch.setattr(clustering, "LARGE_INPUT_BYTES", 2000)
+    assert clustering._read_in_blocks(np.zeros((100, 4), dtype=np.float32))
+    assert not clustering._read_in_blocks(np.zeros((50, 4), dtype=np.float32))
+    assert not clustering._read_in_blocks(np.zeros((100, 4), dtype=np.int64))  # not a float matrix: copied
+    x = np.asarray(mixture(100, k=3, dim=4)[0], dtype=np.float32)
+    assert clustering._as_float_matrix(x) is x  # no copy
+
+
+def test_fine_kmeans_adds_a_third_level_above_max_branch_squared(monkeypatch):
+    """With MAX_BRANCH = 4 (a third level above 16 fine clusters), K = 100 is found as ∛K = 5 coarse groups, each
+    split coarse-then-fine again: still about K clusters, each inside one true component; at or below MAX_BRANCH²
+    the labels are exactly the two-level ones."""
+    from hf_cluster_select.selection import sampled
+
+    x, truth = mixture(4000, k=5)
+    config = ClusterSelectConfig(data_fraction=0.1, strategy_kwargs={"cluster_sample_size": 500})  # K = 100
+    two_levels = cluster_features(x, config)
+    monkeypatch.setattr(sampled, "MAX_BRANCH", 10)  # 100 <= 10²: still two levels, the same labels
+    assert np.array_equal(cluster_features(x, config).labels, two_levels.labels)
+    calls, depth = [], [0]
+    original = sampled.two_level_kmeans
+
+    def counting(*args, **kwargs):
+        calls.append((depth[0], args[2]))
+        depth[0] += 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+
+    monkeypatch.setattr(sampled, "MAX_BRANCH", 4)
+    monkeypatch.setattr(sampled, "two_level_kmeans", counting)
+    three_levels = cluster_features(x, config)
+    # the inner splits (the first call comes from kmeans_clusterer's own import): the coarse groups' shares of K
+    first = [k for level, k in calls if level == 0]  # the coarse groups' shares of K (above MAX_BRANCH: split again)
+    assert len(first) >= 3 and all(4 < k <= 50 for k in first) and sum(first) <= 100
+    deeper = [k for level, k in calls if level == 1]  # a share still above MAX_BRANCH² = 16 is split a level deeper
+    assert all(4 < k < 20 for k in deeper) and len(deeper) >= sum(k > 16 for k in first)
+    assert 90 <= three_levels.n_clusters <= 100
+    purity = sum(np.bincount(truth[three_levels.labels == c]).max()
+                 for c in range(three_levels.n_clusters)) / truth.size
+    assert purity > 0.99
+    assert "assign" in three_levels.params["stage_seconds"]

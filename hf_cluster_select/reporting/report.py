@@ -80,6 +80,11 @@ class SelectionReport:
             clustering + choosing), training_seconds (post-selection), total_seconds (`float` seconds or `None` = not
             measured yet).
         near_duplicates_seconds (`float` or `None`): seconds of the token near-duplicate check; `None` = not run.
+        stage_seconds (`dict` of `str` to `float`, or `None`): wall-clock seconds of the stages of clustering and
+            choosing (`clustering_seconds` split): `screen`, `dedup`, `pca`, `fit`, `assign` (when the clusterer
+            places rows outside its fit), `outputs` (`ClusteringResult.params["stage_seconds"]`), then `inputs`,
+            `units`, `quotas`, `within_cluster`, `weights` (`Selection.stage_seconds`; not for a target's
+            selection, which is chosen otherwise); `None` = not measured (a selection reused or loaded from disk).
         warmup_steps, selected_steps, full_data_steps (`int` optimizer steps or `None`).
         full_data_seconds (`float` seconds or `None`) and full_data_seconds_basis (`str` or `None`): the full-data
             time compared against and whether it was measured or estimated (see `estimate_savings`).
@@ -160,6 +165,7 @@ class SelectionReport:
     target: dict | None = None
     batch_order: str | None = None
     batch_order_fallback: str | None = None
+    stage_seconds: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -238,7 +244,9 @@ class SelectionReport:
             cluster_sizes=np.bincount(labels, minlength=n_clusters).tolist(),
             kept_per_cluster=np.bincount(np.asarray(selection.labels, dtype=np.int64), minlength=n_clusters).tolist(),
             clustering_method=clustering.method, fallback=clustering.fallback,
-            clustering_params=dict(clustering.params), config=config.to_dict(),
+            clustering_params={k: v for k, v in clustering.params.items() if k != "stage_seconds"},
+            stage_seconds={**clustering.params.get("stage_seconds", {}), **selection.stage_seconds} or None,
+            config=config.to_dict(),
             labels=labels, raw_labels=np.asarray(clustering.raw_labels), kept_indices=np.asarray(selection.indices),
             weights=np.asarray(selection.weights, dtype=np.float64), **{**fields, **measured},
         )
@@ -249,7 +257,7 @@ class SelectionReport:
         steps, and nothing measured about training yet."""
         return dataclasses.replace(
             self, warmup_seconds=0.0, features_seconds=0.0, clustering_seconds=0.0, selection_seconds=0.0,
-            near_duplicates_seconds=None if self.near_duplicates_seconds is None else 0.0,
+            near_duplicates_seconds=None if self.near_duplicates_seconds is None else 0.0, stage_seconds=None,
             warmup_steps=0, selected_steps=plan.selected_steps, full_data_steps=plan.full_data_steps,
             training_seconds=None, total_seconds=None, full_data_seconds=None, full_data_seconds_basis=None,
             seconds_saved=None, fraction_saved=None)

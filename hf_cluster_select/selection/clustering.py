@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .._types import NO_LOSS_LABEL, NONFINITE_LABEL, ClusteringResult
+from ..clock import timed
 from ..config import ClusterSelectConfig
 from . import hdbscan_clusterer, kmeans_clusterer  # noqa: F401  (register the built-in clusterers)
 from .clusterers import CLUSTERERS
@@ -25,14 +26,22 @@ from .sampled import fit_on_sample, seeded_sample
 
 
 
-LARGE_INPUT_BYTES = 1 << 31  # above 2 GiB, rows are read in blocks (a memory-mapped feature matrix stays on disk)
+LARGE_INPUT_BYTES = 1 << 31  # a float64 copy above 2 GiB: rows are read in blocks (a memory-mapped matrix stays on disk)
 BLOCK_ROWS = 16384
 BLOCKWISE_FIT_ROWS = 20000  # PCA sample of a blockwise (memory-mapped) matrix when cluster_sample_size is None
 
 
+def _read_in_blocks(x: np.ndarray) -> bool:
+    """Whether `cluster_features` reads the float matrix `x` block by block (`_distinct_rows_blockwise`) instead of
+    copying it to float64: when that copy would exceed `LARGE_INPUT_BYTES` (8 bytes per value), whether `x` is in
+    memory or memory-mapped (then it stays on disk)."""
+    return x.dtype in (np.float32, np.float64) and x.shape[0] * x.shape[1] * 8 > LARGE_INPUT_BYTES
+
+
 def _as_float_matrix(features: Any) -> np.ndarray:
-    """`features` as a float64 `[n, dim]` array, validated (NaN/inf are allowed here; see `_screen_rows`); above
-    `LARGE_INPUT_BYTES` the float array itself (no copy: it is read in blocks)."""
+    """`features` as a float64 `[n, dim]` array, validated (NaN/inf are allowed here; see `_screen_rows`); when its
+    float64 copy would exceed `LARGE_INPUT_BYTES` (`_read_in_blocks`), the float array itself (no copy: it is read
+    in blocks)."""
     if hasattr(features, "detach"):  # torch.Tensor, without importing torch
         features = features.detach().cpu()
         features = features.numpy() if features.dtype.is_floating_point and features.dtype.itemsize >= 4 \
@@ -44,7 +53,7 @@ def _as_float_matrix(features: Any) -> np.ndarray:
         raise ValueError(f"`features` must be 2-D `[n_examples, dim]`, got shape {tuple(array.shape)}.")
     if array.shape[0] == 0 or array.shape[1] == 0:
         raise ValueError(f"`features` must have at least one example and one dimension, got shape {array.shape}.")
-    if array.nbytes > LARGE_INPUT_BYTES and array.dtype in (np.float32, np.float64):
+    if _read_in_blocks(array):
         return array
     return array.astype(np.float64)
 
@@ -128,7 +137,11 @@ def cluster_features(
         `ClusteringResult`: `labels` `[n_examples]` in `0..K-1`, HDBSCAN's `raw_labels` (-1 = noise, -2 / -3 =
         screened out; for KMeans equal to `labels` elsewhere), float32 `reduced` `[n_examples, reduced_dim]`, and
         `params` with the resolved `min_cluster_size`, `min_samples`, `pca_dim`, `n_unique` (of the clustered rows),
-        `n_nonfinite_features`, `n_no_loss_tokens` and `seconds` (wall-clock).
+        `n_nonfinite_features`, `n_no_loss_tokens`, `seconds` (wall-clock, in all) and `stage_seconds` (wall-clock
+        seconds per stage: `screen` (reading and checking the rows), `dedup` (L2 normalisation and merging
+        identical rows), `pca` (sampling and PCA), `fit` (the clusterer on the rows or its sample), `assign`
+        (placing the other rows: nearest exemplar, nearest centre or the size cap; only where the clusterer reports
+        it), `outputs` (the full-size labels, reduced rows and groups)).
     Raises:
         ValueError: if `features` is not 2-D or is empty, `loss_tokens` does not hold one count per row, or
             `world_size` < 1.
@@ -139,27 +152,32 @@ def cluster_features(
         raise TypeError(f"`config` must be a ClusterSelectConfig, got {type(config).__name__}.")
     if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
         raise ValueError(f"`world_size` must be an int >= 1, got {world_size!r}.")
-    x = _as_float_matrix(features)
-    status = _screen_rows(x, loss_tokens)
-    usable = np.flatnonzero(status == 0)
+    stages: dict[str, float] = {}
+    with timed(stages, "screen"):
+        x = _as_float_matrix(features)
+        status = _screen_rows(x, loss_tokens)
+        usable = np.flatnonzero(status == 0)
     if usable.size:
-        distinct = _distinct_rows if x.nbytes <= LARGE_INPUT_BYTES else _distinct_rows_blockwise
+        distinct = _distinct_rows_blockwise if _read_in_blocks(x) else _distinct_rows
         labels_u, raw_u, reduced_u, groups_u, fallback, params = _cluster_rows(x, usable, distinct, config,
-                                                                               int(world_size))
+                                                                               int(world_size), stages)
     else:
         labels_u, raw_u, reduced_u = (np.zeros(0, dtype=np.int64),) * 2 + (np.zeros((0, 1)),)
         groups_u = np.zeros(0, dtype=np.int64)
         fallback, params = "no example has finite features and loss-bearing tokens", {"pca_dim": None, "n_unique": 0}
-    labels, raw_labels, reduced, notes = _place_unclustered(status, usable, labels_u, raw_u, reduced_u,
-                                                            merge_unclusterable)
+    with timed(stages, "outputs"):
+        labels, raw_labels, reduced, notes = _place_unclustered(status, usable, labels_u, raw_u, reduced_u,
+                                                                merge_unclusterable)
+        reduced, groups = reduced.astype(np.float32), _all_groups(status, usable, groups_u)
     if notes:
         fallback = "; ".join(([fallback] if fallback else []) + notes)
     params["n_nonfinite_features"] = int((status == NONFINITE_LABEL).sum())
     params["n_no_loss_tokens"] = int((status == NO_LOSS_LABEL).sum())
+    params["stage_seconds"] = stages
     params["seconds"] = time.perf_counter() - start
-    return ClusteringResult(labels=labels, raw_labels=raw_labels, reduced=reduced.astype(np.float32),
+    return ClusteringResult(labels=labels, raw_labels=raw_labels, reduced=reduced,
                             n_clusters=int(labels.max()) + 1, method=config.cluster_method, fallback=fallback,
-                            params=params, groups=_all_groups(status, usable, groups_u))
+                            params=params, groups=groups)
 
 
 def _all_groups(status: np.ndarray, usable: np.ndarray, groups_u: np.ndarray) -> np.ndarray:
@@ -196,63 +214,78 @@ def _place_unclustered(
     return labels, raw, reduced, notes
 
 
-def _distinct_rows(x: np.ndarray, usable: np.ndarray, config: ClusterSelectConfig):
+def _distinct_rows(x: np.ndarray, usable: np.ndarray, config: ClusterSelectConfig, stages: dict[str, float]):
     """L2-normalised rows `x[usable]` with near-duplicates merged (`duplicates.py`: directions equal to about 1e-5,
     whatever the rows' scale; exact duplicates make HDBSCAN's lambdas infinite) and reduced by PCA: (reduced float64
     `[n_unique, d]`, counts, inverse `[n_usable]`, sample of the distinct rows the fits use or `None`, PCA dimension
-    used). Each group is represented by its first row."""
-    rows = _l2_normalise(x[usable])
-    inverse, first, counts = duplicate_groups([cell_codes(rows)])
-    unique_rows = rows[first]
-    settings = config.cluster_settings
-    sample = seeded_sample(unique_rows.shape[0], settings.cluster_sample_size, config.selection_seed)
-    reduced, pca_used = _pca(unique_rows.astype(np.float64), settings.pca_dim, config.selection_seed, sample)
+    used). Each group is represented by its first row; the seconds of `dedup` and `pca` go to `stages`."""
+    with timed(stages, "dedup"):
+        rows = _l2_normalise(x[usable])
+        inverse, first, counts = duplicate_groups([cell_codes(rows)])
+        unique_rows = rows[first]
+    with timed(stages, "pca"):
+        settings = config.cluster_settings
+        sample = seeded_sample(unique_rows.shape[0], settings.cluster_sample_size, config.selection_seed)
+        reduced, pca_used = _pca(unique_rows.astype(np.float64), settings.pca_dim, config.selection_seed, sample)
     return reduced, counts, inverse, sample, pca_used
 
 
-def _distinct_rows_blockwise(x: np.ndarray, usable: np.ndarray, config: ClusterSelectConfig):
-    """`_distinct_rows` for a matrix above `LARGE_INPUT_BYTES` (e.g. memory-mapped): rows are read, normalised and
-    snapped to the duplicate grids `BLOCK_ROWS` at a time, PCA is fitted on a seeded sample of the distinct rows
-    (at most `cluster_sample_size`, else `BLOCKWISE_FIT_ROWS`) and applied block by block, so only the reduced
-    `[n_unique, pca_dim]` matrix is held in memory."""
+def _distinct_rows_blockwise(x: np.ndarray, usable: np.ndarray, config: ClusterSelectConfig,
+                             stages: dict[str, float]):
+    """`_distinct_rows` for a matrix whose float64 copy would exceed `LARGE_INPUT_BYTES` (`_read_in_blocks`; e.g.
+    memory-mapped): rows are read, normalised and snapped to the duplicate grids `BLOCK_ROWS` at a time, PCA is
+    fitted on a seeded sample of the distinct rows (at most `cluster_sample_size`, else `BLOCKWISE_FIT_ROWS`) and
+    applied block by block, so only the reduced `[n_unique, pca_dim]` matrix is held in memory."""
 
     def normalised(positions: np.ndarray) -> np.ndarray:
         return _l2_normalise(np.asarray(x[usable[positions]], dtype=np.float64))
 
-    inverse, first, counts = duplicate_groups(
-        cell_codes(normalised(np.arange(start, min(start + BLOCK_ROWS, usable.size))))
-        for start in range(0, usable.size, BLOCK_ROWS))
+    with timed(stages, "dedup"):
+        inverse, first, counts = duplicate_groups(
+            cell_codes(normalised(np.arange(start, min(start + BLOCK_ROWS, usable.size))))
+            for start in range(0, usable.size, BLOCK_ROWS))
     settings = config.cluster_settings
     sample = seeded_sample(first.size, settings.cluster_sample_size or BLOCKWISE_FIT_ROWS, config.selection_seed)
     fit_positions = first if sample is None else first[sample]
     if settings.pca_dim is None or first.size < 2:
-        return normalised(first), counts, inverse, sample, None
+        with timed(stages, "pca"):
+            return normalised(first), counts, inverse, sample, None
     from sklearn.decomposition import PCA
 
-    n_components = min(settings.pca_dim, fit_positions.size - 1, x.shape[1])
-    pca = PCA(n_components=n_components, random_state=config.selection_seed).fit(normalised(np.sort(fit_positions)))
-    reduced = np.concatenate([pca.transform(normalised(first[s: s + BLOCK_ROWS]))
-                              for s in range(0, first.size, BLOCK_ROWS)])
+    with timed(stages, "pca"):
+        n_components = min(settings.pca_dim, fit_positions.size - 1, x.shape[1])
+        pca = PCA(n_components=n_components, random_state=config.selection_seed).fit(
+            normalised(np.sort(fit_positions)))
+        reduced = np.concatenate([pca.transform(normalised(first[s: s + BLOCK_ROWS]))
+                                  for s in range(0, first.size, BLOCK_ROWS)])
     return np.ascontiguousarray(reduced, dtype=np.float64), counts, inverse, sample, n_components
 
 
 def _cluster_rows(
-    x: np.ndarray, usable: np.ndarray, distinct, config: ClusterSelectConfig, world_size: int
+    x: np.ndarray, usable: np.ndarray, distinct, config: ClusterSelectConfig, world_size: int,
+    stages: dict[str, float],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, str | None, dict[str, Any]]:
-    """Cluster the finite rows `x[usable]` (normalised, merged and reduced by `distinct`).
+    """Cluster the finite rows `x[usable]` (normalised, merged and reduced by `distinct`), adding the seconds of
+    `dedup`, `pca`, `fit` and `assign` to `stages` (`assign`: what the clusterer reports as `assign_seconds`, the
+    rest of its call is `fit`).
 
     Returns:
         (labels `[n]` in 0..K-1, raw labels `[n]`, reduced float64 `[n, d]`, distinct-row id `[n]`, fallback note or
         `None`, params).
     """
-    reduced, counts, inverse, sample, pca_used = distinct(x, usable, config)
+    reduced, counts, inverse, sample, pca_used = distinct(x, usable, config, stages)
     params: dict[str, Any] = {"pca_dim": pca_used, "n_unique": int(reduced.shape[0])}
     clusterer = CLUSTERERS.get(config.cluster_method)
+    began = time.perf_counter()
     if sample is None or getattr(clusterer, "handles_scale", False):
         fit = clusterer(reduced, counts, inverse, config, world_size)
     else:  # fit on a seeded sample, nearest exemplar for the rest (sampled.py)
         fit = fit_on_sample(clusterer, reduced, counts, inverse, config, world_size, sample)
-    labels, raw_labels, fallback, extra = fit.labels, fit.raw_labels, fit.fallback, fit.params
+    labels, raw_labels, fallback, extra = fit.labels, fit.raw_labels, fit.fallback, dict(fit.params)
+    assign = extra.pop("assign_seconds", None)
+    stages["fit"] = time.perf_counter() - began - (assign or 0.0)
+    if assign is not None:
+        stages["assign"] = float(assign)
     # Contiguous 0..K-1, keeping the clusterer's order.
     _, labels = np.unique(labels, return_inverse=True)
     labels = labels.reshape(-1).astype(np.int64)

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -116,14 +117,18 @@ def _cluster_kmeans(
     kmeans.fit(reduced[fit_rows], sample_weight=counts[fit_rows].astype(np.float64))
     if sample is not None:  # centroids from the sample; every row is placed below, with the cap on all of them
         params.update(sampled_rows=int(sample.size), assignment="nearest_centroid")
+    began = time.perf_counter()
     if settings.kmeans_size_cap is None:
         if sample is None:
             return np.asarray(kmeans.labels_, dtype=np.int64)[inverse], fallback, params
         labels_u = nearest_labels(reduced, kmeans.cluster_centers_, np.arange(n_clusters))
+        params["assign_seconds"] = time.perf_counter() - began
         return labels_u[inverse], fallback, params
     capacity = math.ceil(round(float(settings.kmeans_size_cap) * n_total / n_clusters, 9))
     params["size_cap_examples"] = capacity
-    return _capacity_assign(reduced[inverse], kmeans.cluster_centers_, capacity), fallback, params
+    labels = _capacity_assign(reduced[inverse], kmeans.cluster_centers_, capacity)
+    params["assign_seconds"] = time.perf_counter() - began
+    return labels, fallback, params
 
 
 
@@ -160,8 +165,9 @@ def fit_fine_kmeans(
         return ClusterFit(np.zeros(n_total, dtype=np.int64), None, why, params)
     sample = seeded_sample(n_unique, settings.cluster_sample_size, config.selection_seed)
     if sample is not None:
-        params.update(sampled_rows=int(sample.size), assignment="two_level_kmeans")
-        labels = two_level_kmeans(reduced, counts, n_clusters, sample, config.selection_seed)
+        seconds: dict[str, float] = {}
+        labels = two_level_kmeans(reduced, counts, n_clusters, sample, config.selection_seed, seconds)
+        params.update(sampled_rows=int(sample.size), assignment="two_level_kmeans", assign_seconds=seconds["assign"])
         return ClusterFit(labels[inverse], None, None, params)
     kmeans = KMeans(n_clusters=n_clusters, n_init=1, random_state=config.selection_seed)
     kmeans.fit(reduced, sample_weight=counts.astype(np.float64))

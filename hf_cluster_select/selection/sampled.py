@@ -11,19 +11,23 @@ iteration. Above `ClusterSelectConfig.cluster_sample_size` distinct rows:
   `hdbscan.approximate_predict` (which needs `prediction_data=True` and labels far points noise).
 - `two_level_kmeans` (`fine_kmeans`): K = budget / `kept_per_cluster` clusters are found as ceil(√K) coarse KMeans
   clusters fitted on the sample, every row assigned to its nearest coarse centre, then KMeans inside each coarse
-  group with its share of K (largest remainder, >= 1): cost about n·2√K per iteration instead of n·K.
+  group with its share of K (largest remainder, >= 1): cost about n·2√K per iteration instead of n·K. Above
+  `MAX_BRANCH`² clusters, three levels (∛K coarse, then the same two levels inside each coarse group).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Callable
 
 import numpy as np
 
+from ..clock import timed
 from .quotas import cluster_quotas
 
 EXEMPLARS_PER_CLUSTER = 64
+MAX_BRANCH = 512  # two_level_kmeans: above MAX_BRANCH² fine clusters, a third level
 BLOCK_ROWS = 8192  # rows per block of the distance matrix
 
 
@@ -65,38 +69,57 @@ def exemplars_of(points: np.ndarray, labels: np.ndarray, seed: int,
 def fit_on_sample(fit: Callable, reduced: np.ndarray, counts: np.ndarray, inverse: np.ndarray, config: Any,
                   world_size: int, sample: np.ndarray):
     """Fit `fit` (a `Clusterer`) on the distinct rows `sample`, then place every other distinct row by nearest
-    exemplar. Returns a `ClusterFit` over all `[n_examples]` rows with `params["sampled_rows"]`."""
+    exemplar. Returns a `ClusterFit` over all `[n_examples]` rows with `params["sampled_rows"]` and
+    `params["assign_seconds"]` (wall-clock seconds of the placement)."""
     from .clusterers import ClusterFit
 
     part = fit(reduced[sample], counts[sample], np.arange(sample.size), config, world_size)
     sample_labels = np.asarray(part.labels, dtype=np.int64)
     sample_raw = sample_labels if part.raw_labels is None else np.asarray(part.raw_labels, dtype=np.int64)
+    began = time.perf_counter()
     labels_u = nearest_labels(reduced, *exemplars_of(reduced[sample], sample_labels, config.selection_seed))
     raw_u = labels_u.copy()
     labels_u[sample], raw_u[sample] = sample_labels, sample_raw
-    params = dict(part.params, sampled_rows=int(sample.size), assignment="nearest_exemplar")
+    params = dict(part.params, sampled_rows=int(sample.size), assignment="nearest_exemplar",
+                  assign_seconds=time.perf_counter() - began)
     return ClusterFit(labels_u[inverse], raw_u[inverse], part.fallback, params)
 
 
 def two_level_kmeans(reduced: np.ndarray, counts: np.ndarray, n_clusters: int, sample: np.ndarray,
-                     seed: int) -> np.ndarray:
-    """Labels `[n_unique]` of about `n_clusters` KMeans clusters found coarse-then-fine (see the module doc)."""
+                     seed: int, seconds: dict[str, float] | None = None) -> np.ndarray:
+    """Labels `[n_unique]` of about `n_clusters` KMeans clusters found coarse-then-fine (see the module doc); the
+    wall-clock seconds of assigning rows to coarse centres are added to `seconds["assign"]`.
+
+    Up to `MAX_BRANCH`² fine clusters: ceil(√K) coarse clusters fitted on `sample`, then KMeans inside each coarse
+    group. Above (K > 262,144: about 2.6M rows at `data_fraction=0.3`), ceil(∛K) coarse clusters, and each coarse
+    group whose share is above `MAX_BRANCH` is split the same way again (on a seeded sample of `sample.size` of its
+    rows): three levels, so the fine fits cost about n·3∛K per iteration instead of n·2√K."""
     from sklearn.cluster import KMeans
 
-    n_coarse = max(2, math.ceil(math.sqrt(n_clusters)))
+    stage = {} if seconds is None else seconds
+    deep = n_clusters > MAX_BRANCH ** 2
+    n_coarse = max(2, math.ceil(n_clusters ** (1.0 / 3.0 if deep else 0.5)))
     coarse = KMeans(n_clusters=n_coarse, n_init=1, random_state=seed)
     coarse.fit(reduced[sample], sample_weight=counts[sample].astype(np.float64))
-    group = nearest_labels(reduced, coarse.cluster_centers_, np.arange(n_coarse))
+    with timed(stage, "assign"):
+        group = nearest_labels(reduced, coarse.cluster_centers_, np.arange(n_coarse))
     weights = np.bincount(group, weights=counts, minlength=n_coarse)
     present = np.flatnonzero(weights > 0)
     shares = cluster_quotas(weights[present].astype(np.int64), min(n_clusters, int(weights.sum())))
+    by_group = np.argsort(group, kind="stable")  # each group's rows in order, without a pass over n per group
+    sizes = np.bincount(group, minlength=n_coarse)
+    ends = np.cumsum(sizes)
     labels = np.empty(reduced.shape[0], dtype=np.int64)
     offset = 0
     for g, share in zip(present, shares):
-        rows = np.flatnonzero(group == g)
+        rows = by_group[ends[g] - sizes[g]: ends[g]]
         k = int(max(1, min(share, rows.size)))
         if k == 1:
             labels[rows] = offset
+        elif deep and k > MAX_BRANCH and rows.size > k:  # a third level (only above MAX_BRANCH² clusters in all)
+            inner = seeded_sample(rows.size, sample.size, seed)
+            labels[rows] = offset + two_level_kmeans(reduced[rows], counts[rows], k,
+                                                     np.arange(rows.size) if inner is None else inner, seed, stage)
         else:
             fine = KMeans(n_clusters=k, n_init=1, random_state=seed).fit(
                 reduced[rows], sample_weight=counts[rows].astype(np.float64))

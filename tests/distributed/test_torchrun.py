@@ -106,6 +106,14 @@ def test_features_are_sharded_and_selection_identical_on_every_rank(job, scenari
         for record in records:  # each rank computed its own strided shard, once
             assert record["feature_indices"] == [list(range(record["rank"], n, world))], scenario
             assert record["selection"] == records[0]["selection"], scenario  # bit-identical (JSON floats are exact)
+            # the feature matrix goes to rank 0 only: the other ranks never hold more than their shard's rows
+            (features,) = [call for call in record["gathered"] if call["dst"] == 0]
+            shard = len(range(record["rank"], n, world))
+            assert features["sent"][0] == shard, scenario
+            if record["rank"] == 0:
+                assert features["received"] == [n, features["sent"][1]], scenario
+            else:
+                assert features["received"] is None, scenario
 
 
 def test_a_second_run_loads_the_features_on_every_rank(three):

@@ -47,6 +47,7 @@ from hf_cluster_select.features import FEATURES  # noqa: E402
 from hf_cluster_select.data import INDEX_KEY  # noqa: E402
 
 FEATURE_CALLS: list[list[int]] = []  # the dataset indices this process computed features for, per call
+GATHERED: list[dict] = []  # every distributed.gather_rows call: its dst, the rows sent and the shape received
 
 
 def _recording(signal):
@@ -177,6 +178,7 @@ def run(scenario: str, out: str) -> None:
     os.environ["HF_CLUSTER_SELECT_CACHE"] = os.path.join(out, "feature-cache", CACHE_OF.get(scenario, scenario))
     trainer = build_trainer(scenario, folder)
     FEATURE_CALLS.clear()
+    GATHERED.clear()
     if scenario in RESUME_FROM:
         def no_selection(*args, **kwargs):
             raise AssertionError("selection ran again on resume")
@@ -196,6 +198,7 @@ def run(scenario: str, out: str) -> None:
         plan=plan.to_dict(),
         seen=trainer.seen,
         feature_indices=FEATURE_CALLS,
+        gathered=GATHERED,
         features_from_cache=trainer.selection_report.features_from_cache,
         target=trainer.selection_report.target,
         batch_order=trainer.selection_report.batch_order,
@@ -226,8 +229,22 @@ def run(scenario: str, out: str) -> None:
     torch.save(params, os.path.join(folder, f"params_rank{rank}.pt"))
 
 
+def _recording_gather(gather):
+    """`distributed.gather_rows`, recording what this rank sent and what it received (`None`: nothing)."""
+    def gather_rows(local_rows, local_indices, n_examples, dst=None):
+        received = gather(local_rows, local_indices, n_examples, dst=dst)
+        GATHERED.append(dict(dst=dst, sent=list(local_rows.shape),
+                             received=None if received is None else list(received.shape)))
+        return received
+
+    return gather_rows
+
+
 def main(argv: list[str]) -> None:
     out, scenarios = argv[0], argv[1].split(",")
+    from hf_cluster_select import distributed
+
+    distributed.gather_rows = _recording_gather(distributed.gather_rows)
     for name in FEATURES.names():  # only in the worker process, never under pytest
         FEATURES._entries[name] = _recording(FEATURES.get(name))
     for scenario in scenarios:
