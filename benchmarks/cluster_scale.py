@@ -73,6 +73,20 @@ def memmap_mixture(n: int, path: str, dim: int = MEMMAP_DIM) -> tuple[np.ndarray
     return np.memmap(path, dtype=np.float32, mode="r", shape=(n, dim)), truth
 
 
+def peak_rss_mib() -> float:
+    """This process's peak resident memory (MiB): `VmHWM` of /proc/self/status where there is one (the peak of this
+    process's own address space; `ru_maxrss` would keep the spawning parent's peak across exec), else `ru_maxrss`.
+    Pages of a memory-mapped file that were read count as resident."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _cell(queue, method: str, n: int, sample_size, path: str | None = None):
     from sklearn.metrics import adjusted_rand_score, homogeneity_score
 
@@ -84,12 +98,12 @@ def _cell(queue, method: str, n: int, sample_size, path: str | None = None):
         x = np.memmap(path, dtype=np.float32, mode="r").reshape(n, -1)
         truth = np.load(path + ".truth.npy")
         extra["feature_gib"] = x.nbytes / 2**30
-        extra["rss_before_clustering_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        extra["rss_before_clustering_mib"] = peak_rss_mib()
     elif method == "fine_kmeans_memmap":
         path = f"/tmp/cluster_scale_{os.getpid()}.f32"
         x, truth = memmap_mixture(n, path)
         extra["feature_gib"] = x.nbytes / 2**30
-        extra["rss_before_clustering_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        extra["rss_before_clustering_mib"] = peak_rss_mib()
     else:
         x, truth = mixture(n)
     start = time.perf_counter()
@@ -132,7 +146,7 @@ def _cell(queue, method: str, n: int, sample_size, path: str | None = None):
     score = homogeneity_score if fine else adjusted_rand_score
     queue.put(dict(method=method, n=n, seconds=seconds, truth_agreement=float(score(truth, labels)),
                    agreement_kind="homogeneity" if fine else "ARI",
-                   peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, labels=labels, **extra))
+                   peak_rss_mib=peak_rss_mib(), labels=labels, **extra))
 
 
 def write_select_memmap(n: int, path: str, dim: int = 32) -> None:
