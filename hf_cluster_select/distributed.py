@@ -163,3 +163,53 @@ def gather_floats(values: Sequence[float]) -> torch.Tensor:
     dist.all_gather(rows, local)
     return torch.cat(rows).cpu()
 
+
+
+def all_sum(values: torch.Tensor) -> torch.Tensor:
+    """Element-wise sum of a tensor over ranks (`all_reduce`; identity without a process group).
+
+    Args:
+        values (`torch.Tensor`, any shape, int64 or float64 for exact sums): this rank's values; every rank passes
+            the same shape and dtype.
+    Returns:
+        `torch.Tensor` of the same shape on CPU: the sum over ranks.
+    """
+    if not is_distributed():
+        return values.cpu()
+    on_device = values.to(_communication_device())
+    dist.all_reduce(on_device)
+    return on_device.cpu()
+
+
+def exchange_rows(parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """All-to-all of rows, point to point: `parts[r]` goes to rank `r`, and what each rank sent here comes back.
+
+    Rows go pairwise in `world_size − 1` rounds (round `s`: send to `rank + s`, receive from `rank − s`), so a rank
+    holds its own parts and what it received, never another pair's rows; the row counts travel first (one small
+    all-gather). Works on gloo (CPU) and NCCL.
+
+    Args:
+        parts (sequence of `torch.Tensor`, length `world_size`): `parts[r]` of shape `[n_r, ...]` for rank `r`; every
+            part on every rank has the same trailing shape and dtype.
+    Returns:
+        `list[torch.Tensor]` of length `world_size`, on CPU: entry `r` holds the rows rank `r` sent to this rank.
+    Raises:
+        ValueError: if `parts` does not hold one tensor per rank.
+    """
+    world, me = world_size(), rank()
+    if len(parts) != world:
+        raise ValueError(f"`parts` must hold one tensor per rank ({world}), got {len(parts)}.")
+    if world == 1:
+        return [parts[0].cpu()]
+    counts = gather_floats([p.shape[0] for p in parts]).to(torch.int64)  # [sender, receiver]
+    device = _communication_device()
+    received: list[torch.Tensor] = [parts[me].cpu()] * world
+    for step in range(1, world):
+        to, frm = (me + step) % world, (me - step) % world
+        out = parts[to].contiguous().to(device)
+        into = torch.empty((int(counts[frm, me]), *parts[me].shape[1:]), dtype=parts[me].dtype, device=device)
+        requests = [dist.isend(out, to), dist.irecv(into, frm)]
+        for request in requests:
+            request.wait()
+        received[frm] = into.cpu()
+    return received

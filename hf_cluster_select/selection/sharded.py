@@ -1,0 +1,384 @@
+"""Selection sharded across ranks: no rank holds more feature rows than its shard plus the fit sample (layer L2).
+
+`select_sharded` is the `fine_kmeans` selection (K = budget / `kept_per_cluster`, coarse-then-fine KMeans, then the
+within-cluster rule) for pools whose features do not fit one process, laid out so that every step is either a fit on
+a seeded sample or a pass over one rank's rows:
+
+1. every rank screens (NaN/inf, no loss-bearing token) and L2-normalises its own rows and computes their
+   duplicate-grid cells (`duplicates.cell_codes`);
+2. the rows at the seeded sample's dataset indices (`cluster_sample_size`, drawn over `range(n_examples)`) are
+   gathered to rank 0, which fits the PCA and ceil(√K) coarse KMeans centres (∛K above `MAX_BRANCH`² clusters) and
+   broadcasts them (`[pca_dim, dim]` and `[n_coarse, pca_dim]` floats);
+3. every rank projects its rows and assigns each to its nearest coarse centre;
+4. each coarse group goes to one owner rank (largest groups first, to the least loaded rank) and every row is sent
+   to its group's owner with its index, cells, norm and loss (point-to-point: only reduced `[n, pca_dim]` rows
+   travel, never the raw features); the rank then drops its own rows;
+5. each owner merges duplicates inside its groups (identical cells: exact and near copies always share a coarse
+   group), fits the fine KMeans with the group's share of K, and applies the within-cluster rule with the quotas
+   that every rank computes from the all-reduced cluster sizes (`quotas.cluster_quotas`);
+6. the kept indices and weights (`[m]` each) are all-gathered: every rank returns the same `Selection`.
+
+The result does not depend on the world size (the same sample, the same rows per group in dataset order, the same
+seeds; tested bit-for-bit with 1, 2 and 4 gloo ranks). It is not the one-process `cluster_features` +
+`select_subset` result: that fits the PCA and the coarse centres on a sample of the *distinct* rows of the whole
+pool, which no rank sees here; both are seeded KMeans partitions of the same budget and equally homogeneous on the
+benchmark mixture (docs/distributed.md, "Pools larger than one machine").
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from .. import distributed
+from .._types import Selection
+from ..clock import timed
+from ..config import ClusterSelectConfig
+from .budget import selection_budget
+from .duplicates import cell_codes, duplicate_groups
+from .quotas import cluster_quotas
+from .sampled import MAX_BRANCH, nearest_labels, seeded_sample, two_level_kmeans
+from .select import _checked_points, _member_picker, _select_in_cells
+from .within_cluster import WITHIN_CLUSTER_RULES
+
+BLOCK_ROWS = 16384
+_NONFINITE_GROUP = -1  # coarse group of the rows with NaN/inf features: one cluster of their own, on rank 0
+
+
+def _local_arrays(local_features: Any, local_indices: Sequence[int], n_examples: int, loss_tokens: Any,
+                  norms: Any, losses: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None,
+                                                      np.ndarray | None]:
+    """This rank's inputs, checked: features `[n_local, dim]` (not copied), indices int64, a deferred mask, and the
+    per-row norms/losses as float64 (or `None`)."""
+    if hasattr(local_features, "detach"):
+        local_features = local_features.detach().cpu().numpy()
+    x = np.asarray(local_features)
+    if x.ndim != 2 or x.shape[1] == 0 or not np.issubdtype(x.dtype, np.number):
+        raise ValueError(f"`local_features` must be a numeric `[n_local, dim]` array, got shape {x.shape}, "
+                         f"dtype {x.dtype}.")
+    index = np.asarray(local_indices, dtype=np.int64).reshape(-1)
+    if index.shape != (x.shape[0],):
+        raise ValueError(f"`local_indices` has {index.size} entries but `local_features` has {x.shape[0]} rows.")
+    if isinstance(n_examples, bool) or not isinstance(n_examples, (int, np.integer)) or n_examples < 1:
+        raise ValueError(f"`n_examples` must be an int >= 1, got {n_examples!r}.")
+    if index.size and (index.min() < 0 or index.max() >= n_examples or np.unique(index).size != index.size):
+        raise ValueError(f"`local_indices` must be distinct dataset indices in [0, {n_examples}).")
+    deferred = np.zeros(index.size, dtype=bool)
+    if loss_tokens is not None:
+        tokens = np.asarray(loss_tokens.detach().cpu() if hasattr(loss_tokens, "detach") else loss_tokens)
+        if tokens.reshape(-1).shape != (index.size,):
+            raise ValueError(f"`loss_tokens` must hold one count per local row ({index.size}), got {tokens.shape}.")
+        deferred = tokens.reshape(-1) == 0
+    extras = []
+    for name, values in (("norms", norms), ("losses", losses)):
+        if values is None:
+            extras.append(None)
+            continue
+        array = np.asarray(values.detach().cpu() if hasattr(values, "detach") else values, dtype=np.float64)
+        if array.reshape(-1).shape != (index.size,):
+            raise ValueError(f"`{name}` must hold one value per local row ({index.size}), got {array.shape}.")
+        extras.append(np.nan_to_num(array.reshape(-1), nan=0.0, posinf=0.0, neginf=0.0))
+    return x, index, deferred, extras[0], extras[1]
+
+
+def _normalised(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """L2-normalised float64 copy of `x[rows]` (zero rows stay zero)."""
+    part = np.asarray(x[rows], dtype=np.float64)
+    norm = np.linalg.norm(part, axis=1, keepdims=True)
+    return np.divide(part, norm, out=np.zeros_like(part), where=norm > 0)
+
+
+def _fit_projection(sample_rows: np.ndarray, config: ClusterSelectConfig, n_clusters: int):
+    """Rank 0: (PCA mean `[dim]`, components `[d, dim]` or `None`, coarse centres `[n_coarse, d]`) fitted on the
+    gathered sample `[s, dim]` (normalised rows in dataset order)."""
+    from sklearn.cluster import KMeans
+    from sklearn.decomposition import PCA
+
+    seed = config.selection_seed
+    pca_dim = config.cluster_settings.pca_dim
+    mean, components, reduced = None, None, sample_rows
+    if pca_dim is not None and sample_rows.shape[0] >= 2:
+        n_components = min(pca_dim, sample_rows.shape[0] - 1, sample_rows.shape[1])
+        pca = PCA(n_components=n_components, random_state=seed).fit(sample_rows)
+        mean, components = pca.mean_, pca.components_
+        reduced = (sample_rows - mean) @ components.T
+    deep = n_clusters > MAX_BRANCH ** 2
+    n_coarse = min(max(1, math.ceil(n_clusters ** (1.0 / 3.0 if deep else 0.5))), reduced.shape[0])
+    centres = KMeans(n_clusters=n_coarse, n_init=1, random_state=seed).fit(reduced).cluster_centers_
+    return mean, components, np.asarray(centres, dtype=np.float64)
+
+
+def _owners(group_rows: np.ndarray, world: int) -> np.ndarray:
+    """Owner rank of every coarse group: largest groups first, each to the rank holding the fewest rows so far
+    (ties: lower group, lower rank)."""
+    load = np.zeros(world, dtype=np.int64)
+    owner = np.zeros(group_rows.size, dtype=np.int64)
+    for g in np.lexsort((np.arange(group_rows.size), -group_rows)):
+        owner[g] = int(np.argmin(load))
+        load[owner[g]] += group_rows[g]
+    return owner
+
+
+def _all_sum(values: np.ndarray) -> np.ndarray:
+    """`distributed.all_sum` of a numpy vector."""
+    return distributed.all_sum(torch.from_numpy(np.ascontiguousarray(values))).numpy()
+
+
+def _exchange(parts: list[np.ndarray]) -> list[np.ndarray]:
+    """`distributed.exchange_rows` of numpy parts."""
+    return [p.numpy() for p in distributed.exchange_rows([torch.from_numpy(np.ascontiguousarray(p)) for p in parts])]
+
+
+def _fine_clusters(points: np.ndarray, counts: np.ndarray, k: int, config: ClusterSelectConfig,
+                   deep: bool) -> np.ndarray:
+    """Fine KMeans labels `[n_unique]` of one coarse group's distinct rows (weighted by their copies)."""
+    from sklearn.cluster import KMeans
+
+    seed = config.selection_seed
+    if k == 1:
+        return np.zeros(points.shape[0], dtype=np.int64)
+    if deep and k > MAX_BRANCH and points.shape[0] > k:  # a third level, as `two_level_kmeans` does
+        inner = seeded_sample(points.shape[0], config.cluster_settings.cluster_sample_size, seed)
+        return two_level_kmeans(points, counts, k, np.arange(points.shape[0]) if inner is None else inner, seed)
+    fit = KMeans(n_clusters=k, n_init=1, random_state=seed).fit(points, sample_weight=counts.astype(np.float64))
+    return np.asarray(fit.labels_, dtype=np.int64)
+
+
+def _check_config(config: ClusterSelectConfig) -> None:
+    """What `select_sharded` implements: `fine_kmeans`, an example budget, no strata, target or token near copies."""
+    if not isinstance(config, ClusterSelectConfig):
+        raise TypeError(f"`config` must be a ClusterSelectConfig, got {type(config).__name__}.")
+    unsupported = {
+        "cluster_method": (config.cluster_method, "fine_kmeans"),
+        "budget_unit": (config.budget_unit, "examples"),
+        "stratify_column": (config.stratify_column, None),
+        "target": (config.target, None),
+        "near_duplicate_threshold": (config.selection_settings.near_duplicate_threshold, None),
+    }
+    for name, (value, supported) in unsupported.items():
+        if value != supported:
+            raise ValueError(f"select_sharded supports {name}={supported!r} only, got {value!r}; select on one "
+                             f"rank (the default pipeline) for this setting.")
+
+
+def _blocks(n_rows: int):
+    return (np.arange(s, min(s + BLOCK_ROWS, n_rows)) for s in range(0, n_rows, BLOCK_ROWS))
+
+
+def _gather_sample(x: np.ndarray, index: np.ndarray, usable: np.ndarray, n_examples: int,
+                   config: ClusterSelectConfig) -> np.ndarray | None:
+    """Rank 0: the normalised rows `[s, dim]` at the seeded sample's dataset indices, in dataset order (`None`
+    elsewhere); the other ranks send their sampled rows only."""
+    sample = seeded_sample(n_examples, config.cluster_settings.cluster_sample_size, config.selection_seed)
+    mine = usable if sample is None else usable[np.isin(index[usable], sample)]
+    part = (index[mine], _normalised(x, mine))
+    if distributed.is_distributed():
+        parts = [None] * distributed.world_size() if distributed.rank() == 0 else None
+        torch.distributed.gather_object(part, parts, dst=0)
+        if distributed.rank() != 0:
+            return None
+    else:
+        parts = [part]
+    order_index = np.concatenate([p[0] for p in parts])
+    return np.concatenate([p[1] for p in parts])[np.argsort(order_index, kind="stable")]
+
+
+def _project(x: np.ndarray, rows: np.ndarray, mean, components) -> tuple[np.ndarray, np.ndarray]:
+    """Normalised rows `x[rows]` projected to the PCA space `[n, d]` and their duplicate cells `[n, 4]` int64 (plain
+    and shifted grid, `duplicates.cell_codes`), block by block."""
+    reduced, cells = [], []
+    for block in _blocks(rows.size):
+        unit = _normalised(x, rows[block])
+        cells.append(np.concatenate(cell_codes(unit), axis=1))
+        reduced.append(unit if components is None else (unit - mean) @ components.T)
+    dim = x.shape[1] if components is None else components.shape[0]
+    return (np.concatenate(reduced) if reduced else np.zeros((0, dim)),
+            np.concatenate(cells) if cells else np.zeros((0, 4), dtype=np.int64))
+
+
+def select_sharded(
+    local_features: Any,
+    local_indices: Sequence[int],
+    n_examples: int,
+    config: ClusterSelectConfig,
+    *,
+    loss_tokens: Any = None,
+    norms: Any = None,
+    losses: Any = None,
+) -> Selection:
+    """Select `selection_budget(n_examples, config.data_fraction)` examples with every rank holding only its own
+    feature rows (see the module docstring for the steps). Call it on every rank of the process group (torchrun /
+    accelerate; gloo or NCCL), or in one process with all rows.
+
+    Args:
+        local_features (`np.ndarray`, `np.memmap` or `torch.Tensor` of shape `[n_local, dim]`): this rank's feature
+            rows (e.g. `FeatureOutput.features` of its shard); read block by block, never copied whole.
+        local_indices (sequence of `int`, length `n_local`): the dataset index of each local row; the ranks'
+            indices together must be `range(n_examples)`, each once.
+        n_examples (`int`): size of the whole pool.
+        config (`ClusterSelectConfig`): `data_fraction`, `within_cluster` (+ `quota`, `duplicate_weight`),
+            `selection_seed`, and the `fine_kmeans` settings (`kept_per_cluster`, `pca_dim`, `cluster_sample_size`:
+            the rows rank 0 receives for the fit).
+        loss_tokens (array-like of shape `[n_local]`, *optional*): loss-bearing tokens per local row; rows with 0 are
+            deferred (kept only when the budget needs them), as in `select_subset`.
+        norms, losses (array-like of shape `[n_local]`, *optional*): raw feature norms / warm-up losses of the local
+            rows, for the within-cluster rules that use them (pass both on every rank or on none).
+    Returns:
+        `Selection`, identical on every rank: kept `indices` `[m]` (sorted), `weights` `[m]` summing to
+        `n_examples`, global cluster `labels` `[m]`, and `stage_seconds` (wall-clock seconds on this rank of
+        `screen`, `pca` (sample gather, PCA and coarse fit), `assign` (projection, duplicate cells, coarse centre),
+        `route` (sending rows to their group's owner), `fit` (duplicate merge and fine KMeans), `quotas`,
+        `within_cluster`, `gather` (all-gathering the kept indices and weights)).
+    Raises:
+        TypeError: if `config` is not a `ClusterSelectConfig`.
+        ValueError: if the inputs are misshapen, the indices are not distinct and in range or do not add up to
+            `n_examples` over the ranks, no row is clusterable, or `config` asks for a setting this path does not
+            implement (another `cluster_method`, a token budget, strata, a target, token near-duplicates).
+    """
+    _check_config(config)
+    stages: dict[str, float] = {}
+    with timed(stages, "screen"):
+        x, index, deferred, norms, losses = _local_arrays(local_features, local_indices, n_examples, loss_tokens,
+                                                          norms, losses)
+        finite = np.concatenate([np.isfinite(np.asarray(x[b])).all(axis=1) for b in _blocks(index.size)]) \
+            if index.size else np.zeros(0, dtype=bool)
+        usable = np.flatnonzero(finite & ~deferred)
+        nonfinite = np.flatnonzero(~finite & ~deferred)
+        totals = _all_sum(np.array([index.size, usable.size, nonfinite.size], dtype=np.int64))
+    if int(totals[0]) != n_examples:
+        raise ValueError(f"the ranks hold {int(totals[0])} rows in all but `n_examples` is {n_examples}.")
+    n_usable, n_nonfinite = int(totals[1]), int(totals[2])
+    if n_usable == 0:
+        raise ValueError("no example has finite features and loss-bearing tokens: nothing to cluster.")
+    settings = config.cluster_settings
+    n_clusters = min(max(1, math.ceil(selection_budget(n_usable, config.data_fraction) / settings.kept_per_cluster)),
+                     n_usable)
+    with timed(stages, "pca"):
+        sample_rows = _gather_sample(x, index, usable, n_examples, config)
+        fitted = None if sample_rows is None else _fit_projection(sample_rows, config, n_clusters)
+        mean, components, centres = distributed.broadcast_object(fitted)
+        del sample_rows
+    with timed(stages, "assign"):
+        reduced, cells = _project(x, usable, mean, components)
+        group = nearest_labels(reduced, centres, np.arange(centres.shape[0]))
+    received = _route(index, usable, nonfinite, reduced, cells, group, norms, losses, centres.shape[0], stages)
+    del reduced, cells, group
+    return _select_routed(received, n_examples, n_usable, n_nonfinite, n_clusters, config,
+                          index[deferred], stages, norms is not None, losses is not None)
+
+
+def _route(index: np.ndarray, usable: np.ndarray, nonfinite: np.ndarray, reduced: np.ndarray, cells: np.ndarray,
+           group: np.ndarray, norms: np.ndarray | None, losses: np.ndarray | None, n_coarse: int,
+           stages: dict[str, float]) -> dict[str, np.ndarray]:
+    """Send every row to its coarse group's owner: returns what this rank received (`ints` `[r, 6]`: index, group,
+    4 cells; `floats` `[r, 2 + d]`: norm, loss, reduced row) and the all-reduced `group_rows` `[n_coarse]`. Rows
+    with NaN/inf features go to rank 0 as group `n_coarse`, with zero reduced rows and cells of their own."""
+    with timed(stages, "route"):
+        group_rows = _all_sum(np.bincount(group, minlength=n_coarse).astype(np.int64))
+        owner = np.append(_owners(group_rows, distributed.world_size()), 0)
+        rows = np.concatenate([usable, nonfinite])
+        groups = np.concatenate([group, np.full(nonfinite.size, n_coarse)])
+        own_cells = np.stack([index[nonfinite], np.full(nonfinite.size, -1), index[nonfinite],
+                              np.full(nonfinite.size, -2)], axis=1).reshape(-1, 4)
+        ints = np.concatenate([np.stack([index[rows], groups], axis=1), np.concatenate([cells, own_cells])], axis=1)
+        extra = np.stack([np.zeros(rows.size) if v is None else v[rows] for v in (norms, losses)], axis=1)
+        points = np.concatenate([reduced, np.zeros((nonfinite.size, reduced.shape[1]))])
+        floats = np.concatenate([extra, points], axis=1)
+        destination = owner[groups]
+        world = distributed.world_size()
+        ints_in = _exchange([ints[destination == r] for r in range(world)])
+        floats_in = _exchange([floats[destination == r] for r in range(world)])
+    return {"ints": np.concatenate(ints_in).astype(np.int64), "floats": np.concatenate(floats_in),
+            "group_rows": group_rows}
+
+
+def _cluster_owned(received: dict[str, np.ndarray], n_usable: int, n_clusters: int,
+                   config: ClusterSelectConfig) -> dict[str, np.ndarray]:
+    """Duplicate merge and fine KMeans of every coarse group this rank owns (rows in (group, index) order): the
+    sorted arrays, each row's global cluster `label`, the `units` (first copy of each duplicate group) with their
+    `copies`, and `n_fine` (clusters over all ranks)."""
+    order = np.lexsort((received["ints"][:, 0], received["ints"][:, 1]))
+    ints, floats = received["ints"][order], received["floats"][order]
+    group_rows = received["group_rows"]
+    n_coarse = group_rows.size
+    present = np.flatnonzero(group_rows > 0)
+    share = np.zeros(n_coarse + 1, dtype=np.int64)
+    share[present] = cluster_quotas(group_rows[present], min(n_clusters, n_usable))
+    deep = n_clusters > MAX_BRANCH ** 2
+    groups, starts = np.unique(ints[:, 1], return_index=True)
+    ends = np.append(starts[1:], ints.shape[0])
+    fine = np.zeros(ints.shape[0], dtype=np.int64)
+    k_per_group = np.zeros(n_coarse + 1, dtype=np.int64)
+    units, copies = [], []
+    for g, start, end in zip(groups, starts, ends):
+        cells = ints[start:end, 2:]
+        inverse, first, counts = duplicate_groups([(cells[:, :2], cells[:, 2:])])
+        k = 1 if g == n_coarse else int(max(1, min(share[g], first.size)))
+        labels = _fine_clusters(floats[start:end, 2:][first], counts, k, config, deep)
+        fine[start:end] = labels[inverse]
+        k_per_group[g] = k
+        units.append(start + first)
+        copies.append(counts)
+    k_all = _all_sum(k_per_group)
+    offsets = np.cumsum(k_all) - k_all
+    return {"ints": ints, "floats": floats, "label": offsets[ints[:, 1]] + fine, "n_fine": int(k_all.sum()),
+            "units": np.concatenate(units) if units else np.zeros(0, dtype=np.int64),
+            "copies": np.concatenate(copies) if copies else np.zeros(0, dtype=np.int64)}
+
+
+def _all_gather_selection(indices: np.ndarray, weights: np.ndarray, labels: np.ndarray,
+                          n_examples: int, stages: dict[str, float]) -> Selection:
+    """Every rank's kept rows, all-gathered and sorted by index, as one `Selection`."""
+    with timed(stages, "gather"):
+        parts = distributed.gather_objects((indices, weights, labels))
+        indices, weights, labels = (np.concatenate([p[i] for p in parts]) for i in range(3))
+        order = np.argsort(indices, kind="stable")
+    return Selection(indices=indices[order].astype(np.int64), weights=weights[order].astype(np.float64),
+                     labels=labels[order].astype(np.int64), n_total=int(n_examples), stage_seconds=stages)
+
+
+def _select_routed(received: dict[str, np.ndarray], n_examples: int, n_usable: int, n_nonfinite: int,
+                   n_clusters: int, config: ClusterSelectConfig, deferred_index: np.ndarray,
+                   stages: dict[str, float], has_norms: bool, has_losses: bool) -> Selection:
+    """Fine clusters, quotas and the within-cluster rule over the rows this rank owns; then the all-gather."""
+    with timed(stages, "fit"):
+        owned = _cluster_owned(received, n_usable, n_clusters, config)
+    ints, floats, label = owned["ints"], owned["floats"], owned["label"]
+    budget = selection_budget(n_examples, config.data_fraction)
+    n_eligible = n_usable + n_nonfinite
+    if budget >= n_eligible:  # every eligible example, the rest of the budget from the deferred ones by index
+        deferred = np.sort(np.concatenate(distributed.gather_objects(deferred_index)))[: budget - n_eligible]
+        me = deferred if distributed.rank() == 0 else deferred[:0]
+        kept = np.concatenate([ints[:, 0], me])
+        weights = np.full(kept.size, n_examples / (n_eligible + deferred.size))
+        return _all_gather_selection(kept, weights, np.concatenate([label, np.full(me.size, owned["n_fine"])]),
+                                     n_examples, stages)
+    with timed(stages, "quotas"):
+        units, copies = owned["units"], owned["copies"]
+        if int(_all_sum(np.array([units.size], dtype=np.int64))[0]) < budget:  # too few distinct rows: all once
+            units, copies = np.arange(ints.shape[0]), np.ones(ints.shape[0], dtype=np.int64)
+        elif config.selection_settings.duplicate_weight == "one":
+            copies = np.ones(units.size, dtype=np.int64)
+        unit_sizes = _all_sum(np.bincount(label[units], minlength=owned["n_fine"]).astype(np.int64))
+        sizes = _all_sum(np.bincount(label[units], weights=copies, minlength=owned["n_fine"]).astype(np.int64))
+        quotas = cluster_quotas(unit_sizes, budget, config.selection_settings.quota)
+    with timed(stages, "within_cluster"):
+        rule = WITHIN_CLUSTER_RULES.get(config.within_cluster)
+        points = floats[:, 2:] if getattr(rule, "needs_points", True) else None
+        _checked_points(points, ints.shape[0], config.within_cluster, points is not None)
+        clusters, position = np.unique(label[units], return_inverse=True)
+        pick_for = functools.partial(_member_picker, rule, config.within_cluster, config.selection_seed,
+                                     points=points, norms=floats[:, 0] if has_norms else None,
+                                     losses=floats[:, 1] if has_losses else None)
+        kept, weights = np.zeros(0, dtype=np.int64), np.zeros(0)
+        if (quotas[clusters] > 0).any():
+            kept, weights = _select_in_cells(position.reshape(-1), units, copies, clusters, sizes[clusters],
+                                             quotas[clusters], pick_for, None)
+        covered = int(sizes[quotas > 0].sum())
+        if covered < n_examples:  # clusters, deferred examples or ("one") copies left out: weights sum to n
+            weights = weights * (n_examples / covered)
+    return _all_gather_selection(ints[kept, 0], weights, label[kept], n_examples, stages)
