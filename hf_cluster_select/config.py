@@ -183,11 +183,24 @@ class ClusterSelectConfig:
                              f"quota={quota!r}.")
         if self.target is not None:
             check_target_combination(self)
+        if getattr(self.cluster_settings, "sharded", False) and self.sharded_conflicts():
+            raise ValueError(f"`sharded`=True (selection/sharded.py) does not implement {self.sharded_conflicts()}; "
+                             "leave `sharded` off to select on rank 0.")
         if self.order == "easy_to_hard" and (self.allocation == "paper" or self.data_fraction >= 1.0):
             raise ValueError(
                 f"`order`='easy_to_hard' needs `allocation`='balanced' (one cluster per rank has no global order) and "
                 f"`data_fraction` < 1 (the order comes from the feature pass, which keeping everything skips), got "
                 f"allocation={self.allocation!r}, data_fraction={self.data_fraction}.")
+
+    def sharded_conflicts(self) -> list[str]:
+        """The settings sharded selection (`selection/sharded.py`) does not implement, as `"name=value"` strings:
+        another `cluster_method` than `fine_kmeans`, a token budget, strata, a target set, token near-duplicates.
+        Empty when it can run."""
+        current = {"cluster_method": self.cluster_method, "budget_unit": self.budget_unit,
+                   "stratify_column": self.stratify_column, "target": self.target,
+                   "near_duplicate_threshold": self.selection_settings.near_duplicate_threshold}
+        supported = {"cluster_method": "fine_kmeans", "budget_unit": "examples"}
+        return [f"{name}={value!r}" for name, value in current.items() if value != supported.get(name)]
 
     # ---- resolved settings ------------------------------------------------------------------------------------
     def _settings(self, stage: str) -> Any:

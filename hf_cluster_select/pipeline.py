@@ -27,6 +27,7 @@ from .reporting.feature_map import feature_map_points
 from .selection import (cluster_features, relevance_scores, select_subset, select_targeted,
                         target_self_relevance)
 from .selection.near_duplicates import near_duplicate_groups, union_groups
+from .selection.sharded import select_sharded
 from .validation import check_loss_tokens
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,9 @@ def select_with_model(
 
     Each rank computes the learning-effect features of its strided shard (`distributed.shard_indices`); the rows are
     gathered in dataset order on rank 0 only (the other ranks hold their shard's rows, never the whole matrix);
-    rank 0 clusters and selects; the result (indices, weights, labels) is broadcast.
+    rank 0 clusters and selects; the result (indices, weights, labels) is broadcast. With the `fine_kmeans` setting
+    `sharded=True`, nothing is gathered: `selection.sharded.select_sharded` selects with every rank holding its
+    shard (no feature cache then).
 
     With `near_duplicate_threshold` set, rank 0 also groups the examples whose `input_ids` are near copies
     (`near_duplicates.near_duplicate_groups`, its own `near_duplicates` phase) and joins those groups with the
@@ -120,6 +123,9 @@ def select_with_model(
     """
     if config.data_fraction >= 1.0 and not merge_unclusterable:
         return keep_everything(len(lengths), clock)
+    if getattr(config.cluster_settings, "sharded", False):
+        return _select_sharded_with_model(model, dataset, collator, config=config, facts=facts, lengths=lengths,
+                                          clock=clock, batch_size=batch_size, show_progress=show_progress)
     clock.start("features")
     features, loss_tokens, norms, losses, from_cache = cached_or_computed_features(
         model, dataset, collator, config=config, facts=facts, lengths=lengths, batch_size=batch_size,
@@ -230,13 +236,8 @@ def cached_or_computed_features(model, dataset, collator, *, config: ClusterSele
                                              if cached is not None else None)
         return (cached["features"] if cached is not None else None, np.asarray(small["loss_tokens"]),
                 small["norms"], small["losses"], True)
-    local = distributed.shard_indices(n, distributed.world_size(), distributed.rank())
-    with truncated_layers(model, facts.feature_layers):
-        output = FEATURES.get(facts.feature)(
-            model, dataset, local, collator, batch_size=batch_size, lengths=[int(lengths[i]) for i in local],
-            projection_dim=config.feature_settings.projection_dim, projection_seed=config.selection_seed,
-            show_progress=show_progress, shift_labels=facts.shift_labels,
-        )
+    local, output = _feature_pass(model, dataset, collator, config=config, facts=facts, lengths=lengths,
+                                  batch_size=batch_size, show_progress=show_progress)
     features = distributed.gather_rows(output.features, local, n, dst=0)  # only rank 0 clusters: None elsewhere
     loss_tokens = distributed.gather_rows(output.loss_tokens.reshape(-1, 1), local, n).reshape(-1).numpy()
     norms, losses = (None if v is None else distributed.gather_rows(v.reshape(-1, 1), local, n).reshape(-1).numpy()
@@ -248,6 +249,52 @@ def cached_or_computed_features(model, dataset, collator, *, config: ClusterSele
         except OSError as error:  # a full or read-only disk costs the cache, never the run
             logger.warning("could not store the features in the cache %s: %s", cache.directory, error)
     return None if features is None else features.numpy(), loss_tokens, norms, losses, False
+
+
+def _feature_pass(model, dataset, collator, *, config: ClusterSelectConfig, facts: RunFacts, lengths: Sequence[int],
+                  batch_size: int, show_progress: bool) -> tuple[list[int], Any]:
+    """This rank's strided shard of the dataset (`distributed.shard_indices`) and its `FeatureOutput`
+    (`facts.feature` after `facts.feature_layers` blocks)."""
+    local = distributed.shard_indices(len(lengths), distributed.world_size(), distributed.rank())
+    with truncated_layers(model, facts.feature_layers):
+        output = FEATURES.get(facts.feature)(
+            model, dataset, local, collator, batch_size=batch_size, lengths=[int(lengths[i]) for i in local],
+            projection_dim=config.feature_settings.projection_dim, projection_seed=config.selection_seed,
+            show_progress=show_progress, shift_labels=facts.shift_labels,
+        )
+    return local, output
+
+
+def _select_sharded_with_model(model, dataset, collator, *, config: ClusterSelectConfig, facts: RunFacts,
+                               lengths: Sequence[int], clock: PhaseClock, batch_size: int,
+                               show_progress: bool) -> SelectionOutcome:
+    """`select_with_model` with `sharded=True` (`selection/sharded.py`): every rank keeps its own shard's features
+    (no gather, no feature cache) and `select_sharded` selects with rows routed between ranks; only the per-example
+    loss-token counts and losses are all-gathered (16 bytes per example). The feature map is drawn from rank 0's
+    shard."""
+    n = len(lengths)
+    clock.start("features")
+    local, output = _feature_pass(model, dataset, collator, config=config, facts=facts, lengths=lengths,
+                                  batch_size=batch_size, show_progress=show_progress)
+    loss_tokens = distributed.gather_rows(output.loss_tokens.reshape(-1, 1), local, n).reshape(-1).numpy()
+    losses = None if output.losses is None else \
+        distributed.gather_rows(output.losses.reshape(-1, 1), local, n).reshape(-1).numpy()
+    clock.stop("features")
+    check_loss_tokens(loss_tokens)
+    clock.start("clustering")
+    truncated = facts.feature_layers is not None  # a truncated pass's losses are not the model's: not for the rules
+    chosen, result = select_sharded(output.features, local, n, config, loss_tokens=output.loss_tokens,
+                                    norms=output.norms, losses=None if truncated else output.losses,
+                                    return_clustering=True)
+    feature_map = None
+    if distributed.rank() == 0:
+        feature_map = feature_map_points(output.features, config.selection_seed)
+        if feature_map is not None:  # shard positions → dataset indices
+            feature_map["indices"] = np.asarray(local)[np.asarray(feature_map["indices"], dtype=np.int64)].tolist()
+    feature_map = distributed.broadcast_object(feature_map)
+    clock.stop("clustering")
+    return SelectionOutcome(chosen, result, loss_tokens, None if truncated else losses, False, feature_map, None,
+                            None if losses is None else np.asarray(losses, dtype=np.float64)[chosen.indices])
 
 
 def keep_everything(n: int, clock: PhaseClock) -> SelectionOutcome:

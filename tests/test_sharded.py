@@ -11,7 +11,8 @@ import pytest
 from sklearn.metrics import homogeneity_score
 
 from hf_cluster_select import ClusterSelectConfig
-from hf_cluster_select.selection.sharded import _owners, select_sharded
+from hf_cluster_select.selection.sharded import select_sharded
+from hf_cluster_select.selection.sharded_owner import _owners
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "distributed"))
 
@@ -68,9 +69,9 @@ def test_owners_balance_rows_largest_group_first():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(cluster_method="hdbscan"), "cluster_method='fine_kmeans'"),
-    (dict(budget_unit="tokens"), "budget_unit='examples'"),
-    (dict(stratify_column="task"), "stratify_column=None"),
+    (dict(cluster_method="hdbscan"), "cluster_method='hdbscan'"),
+    (dict(budget_unit="tokens"), "budget_unit='tokens'"),
+    (dict(stratify_column="task"), "stratify_column='task'"),
 ])
 def test_unsupported_settings_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -112,3 +113,27 @@ def test_exchange_and_sum_without_a_process_group_are_the_identity():
     assert torch.equal(distributed.all_sum(torch.tensor([3, 4])), torch.tensor([3, 4]))
     with pytest.raises(ValueError, match="one tensor per rank"):
         distributed.exchange_rows([rows, rows])
+
+
+def test_the_clustering_numbers_nan_and_deferred_rows_last():
+    data = pool("messy")
+    selection, clustering = select_sharded(data["features"], np.arange(3000), 3000, data["config"],
+                                           loss_tokens=data["loss_tokens"], return_clustering=True)
+    assert clustering.labels.shape == (3000,) and np.array_equal(clustering.labels[selection.indices],
+                                                                  selection.labels)
+    n_fine = clustering.n_clusters - 2
+    assert (clustering.labels[data["nonfinite"]] == n_fine).all()
+    assert (clustering.raw_labels[data["nonfinite"]] == -2).all()
+    assert (clustering.labels[data["deferred"]] == n_fine + 1).all()
+    assert (clustering.raw_labels[data["deferred"]] == -3).all()
+    assert len(set(clustering.labels[data["copies"]].tolist())) == 1  # copies share a cluster
+    assert clustering.params["sharded"] and clustering.params["n_no_loss_tokens"] == 25
+    assert clustering.params["n_nonfinite_features"] == 6 and clustering.params["pca_dim"] == 8
+
+
+def test_the_sharded_setting_refuses_what_it_does_not_implement():
+    with pytest.raises(ValueError, match=r"`sharded`=True .* \[\"stratify_column='task'\"\]"):
+        ClusterSelectConfig(stratify_column="task", strategy_kwargs={"sharded": True})
+    with pytest.raises(TypeError, match="sharded"):
+        ClusterSelectConfig(strategy_kwargs={"sharded": "yes"})
+    assert ClusterSelectConfig(strategy_kwargs={"sharded": True}).cluster_settings.sharded is True

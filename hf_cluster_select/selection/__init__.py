@@ -10,6 +10,8 @@
   `within_cluster.py`, `coverage_rules.py`, `signal_rules.py`).
 - `select.select_from_labels` / `select.select_subset`: all of the above for one clustering.
 - `targeted.select_targeted`: the budget spent on a target set's tasks instead (`targeted.relevance_scores`).
+- `sharded.select_sharded`: the `fine_kmeans` selection with every rank holding only its shard of the features
+  (`sharded_owner.py`: rows routed to their coarse group's owner), for pools larger than one machine.
 """
 
 from .budget import selection_budget
@@ -18,6 +20,7 @@ from .clusterers import CLUSTERERS, ClusterFit
 from .near_duplicates import near_duplicate_groups
 from .quotas import cluster_quotas
 from .select import select_from_labels, select_subset
+from .sharded import select_sharded
 from .within_cluster import WITHIN_CLUSTER_RULES
 from .targeted import relevance_scores, select_targeted, target_self_relevance
 from . import coverage_rules, signal_rules, targeted  # noqa: E402,F401  (register their rules)
@@ -30,6 +33,7 @@ __all__ = [
     "cluster_quotas",
     "near_duplicate_groups",
     "select_from_labels",
+    "select_sharded",
     "select_subset",
     "select_targeted",
     "relevance_scores",

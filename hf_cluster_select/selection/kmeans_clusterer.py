@@ -18,7 +18,7 @@ import numpy as np
 from dataclasses import dataclass, field
 
 from ..config import ClusterSelectConfig
-from ..settings import ClusteringSettings, check_int_setting, check_optional_int
+from ..settings import ClusteringSettings, check_bool, check_int_setting, check_optional_int
 from .budget import selection_budget
 from .clusterers import CLUSTERERS, ClusterFit
 from .sampled import nearest_labels, seeded_sample, two_level_kmeans
@@ -56,16 +56,24 @@ class FineKMeansSettings(ClusteringSettings):
     Attributes:
         kept_per_cluster (`int`, defaults to `4`): examples the budget keeps per cluster (K = budget / this);
             chosen on the linear-probe benchmark (`benchmarks/probe.py`).
+        sharded (`bool`, defaults to `False`): select with every rank holding only its own shard of the features
+            (`selection/sharded.py`: fit sample on rank 0, rows routed to their coarse group's owner) instead of
+            gathering them all on rank 0; for pools whose features do not fit one machine. Not with a token
+            budget, strata, a target set or token near-duplicates; no feature cache.
     Raises:
         ValueError: if `kept_per_cluster` < 1.
+        TypeError: if `sharded` is not a bool.
     """
 
     kept_per_cluster: int = field(default=4, metadata={
         "help": "Examples the budget keeps per fine cluster (K = budget / this)."})
+    sharded: bool = field(default=False, metadata={
+        "help": "Select with every rank holding only its shard of the features (pools larger than one machine)."})
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_int_setting("kept_per_cluster", self.kept_per_cluster, 1)
+        check_bool("sharded", self.sharded)
 
 
 def _capacity_assign(points: np.ndarray, centroids: np.ndarray, capacity: int) -> np.ndarray:

@@ -35,15 +35,13 @@ import numpy as np
 import torch
 
 from .. import distributed
-from .._types import Selection
+from .._types import ClusteringResult, Selection
 from ..clock import timed
 from ..config import ClusterSelectConfig
 from .budget import selection_budget
-from .duplicates import cell_codes, duplicate_groups
-from .quotas import cluster_quotas
-from .sampled import MAX_BRANCH, nearest_labels, seeded_sample, two_level_kmeans
-from .select import _checked_points, _member_picker, _select_in_cells
-from .within_cluster import WITHIN_CLUSTER_RULES
+from .duplicates import cell_codes
+from .sampled import MAX_BRANCH, nearest_labels, seeded_sample
+from .sharded_owner import all_sum_array, clustering_of, route_rows, select_routed
 
 BLOCK_ROWS = 16384
 _NONFINITE_GROUP = -1  # coarse group of the rows with NaN/inf features: one cluster of their own, on rank 0
@@ -112,57 +110,13 @@ def _fit_projection(sample_rows: np.ndarray, config: ClusterSelectConfig, n_clus
     return mean, components, np.asarray(centres, dtype=np.float64)
 
 
-def _owners(group_rows: np.ndarray, world: int) -> np.ndarray:
-    """Owner rank of every coarse group: largest groups first, each to the rank holding the fewest rows so far
-    (ties: lower group, lower rank)."""
-    load = np.zeros(world, dtype=np.int64)
-    owner = np.zeros(group_rows.size, dtype=np.int64)
-    for g in np.lexsort((np.arange(group_rows.size), -group_rows)):
-        owner[g] = int(np.argmin(load))
-        load[owner[g]] += group_rows[g]
-    return owner
-
-
-def _all_sum(values: np.ndarray) -> np.ndarray:
-    """`distributed.all_sum` of a numpy vector."""
-    return distributed.all_sum(torch.from_numpy(np.ascontiguousarray(values))).numpy()
-
-
-def _exchange(parts: list[np.ndarray]) -> list[np.ndarray]:
-    """`distributed.exchange_rows` of numpy parts."""
-    return [p.numpy() for p in distributed.exchange_rows([torch.from_numpy(np.ascontiguousarray(p)) for p in parts])]
-
-
-def _fine_clusters(points: np.ndarray, counts: np.ndarray, k: int, config: ClusterSelectConfig,
-                   deep: bool) -> np.ndarray:
-    """Fine KMeans labels `[n_unique]` of one coarse group's distinct rows (weighted by their copies)."""
-    from sklearn.cluster import KMeans
-
-    seed = config.selection_seed
-    if k == 1:
-        return np.zeros(points.shape[0], dtype=np.int64)
-    if deep and k > MAX_BRANCH and points.shape[0] > k:  # a third level, as `two_level_kmeans` does
-        inner = seeded_sample(points.shape[0], config.cluster_settings.cluster_sample_size, seed)
-        return two_level_kmeans(points, counts, k, np.arange(points.shape[0]) if inner is None else inner, seed)
-    fit = KMeans(n_clusters=k, n_init=1, random_state=seed).fit(points, sample_weight=counts.astype(np.float64))
-    return np.asarray(fit.labels_, dtype=np.int64)
-
-
 def _check_config(config: ClusterSelectConfig) -> None:
-    """What `select_sharded` implements: `fine_kmeans`, an example budget, no strata, target or token near copies."""
+    """What `select_sharded` implements (`ClusterSelectConfig.sharded_conflicts`)."""
     if not isinstance(config, ClusterSelectConfig):
         raise TypeError(f"`config` must be a ClusterSelectConfig, got {type(config).__name__}.")
-    unsupported = {
-        "cluster_method": (config.cluster_method, "fine_kmeans"),
-        "budget_unit": (config.budget_unit, "examples"),
-        "stratify_column": (config.stratify_column, None),
-        "target": (config.target, None),
-        "near_duplicate_threshold": (config.selection_settings.near_duplicate_threshold, None),
-    }
-    for name, (value, supported) in unsupported.items():
-        if value != supported:
-            raise ValueError(f"select_sharded supports {name}={supported!r} only, got {value!r}; select on one "
-                             f"rank (the default pipeline) for this setting.")
+    if config.sharded_conflicts():
+        raise ValueError(f"select_sharded does not implement {config.sharded_conflicts()}; select on one rank "
+                         "(`cluster_features` + `select_subset`, the default pipeline) for these settings.")
 
 
 def _blocks(n_rows: int):
@@ -209,7 +163,8 @@ def select_sharded(
     loss_tokens: Any = None,
     norms: Any = None,
     losses: Any = None,
-) -> Selection:
+    return_clustering: bool = False,
+) -> Selection | tuple[Selection, ClusteringResult]:
     """Select `selection_budget(n_examples, config.data_fraction)` examples with every rank holding only its own
     feature rows (see the module docstring for the steps). Call it on every rank of the process group (torchrun /
     accelerate; gloo or NCCL), or in one process with all rows.
@@ -227,12 +182,18 @@ def select_sharded(
             deferred (kept only when the budget needs them), as in `select_subset`.
         norms, losses (array-like of shape `[n_local]`, *optional*): raw feature norms / warm-up losses of the local
             rows, for the within-cluster rules that use them (pass both on every rank or on none).
+        return_clustering (`bool`, *optional*, defaults to `False`): also return the partition of every example
+            (all-gathered: 16 bytes per example on every rank).
     Returns:
         `Selection`, identical on every rank: kept `indices` `[m]` (sorted), `weights` `[m]` summing to
         `n_examples`, global cluster `labels` `[m]`, and `stage_seconds` (wall-clock seconds on this rank of
         `screen`, `pca` (sample gather, PCA and coarse fit), `assign` (projection, duplicate cells, coarse centre),
         `route` (sending rows to their group's owner), `fit` (duplicate merge and fine KMeans), `quotas`,
-        `within_cluster`, `gather` (all-gathering the kept indices and weights)).
+        `within_cluster`, `gather` (all-gathering the kept indices and weights)). With `return_clustering`,
+        `(selection, clustering)`: a `ClusteringResult` whose `labels` / `raw_labels` `[n_examples]` number the
+        clusters as `cluster_features` does (NaN/inf rows, then rows without loss-bearing tokens, as the last
+        groups), with no `reduced` columns, no `groups`, and `params` (`sharded`, `world_size`, `pca_dim`,
+        `n_clusters_requested`, `kept_per_cluster`, `sampled_rows`, `n_nonfinite_features`, `n_no_loss_tokens`).
     Raises:
         TypeError: if `config` is not a `ClusterSelectConfig`.
         ValueError: if the inputs are misshapen, the indices are not distinct and in range or do not add up to
@@ -248,7 +209,7 @@ def select_sharded(
             if index.size else np.zeros(0, dtype=bool)
         usable = np.flatnonzero(finite & ~deferred)
         nonfinite = np.flatnonzero(~finite & ~deferred)
-        totals = _all_sum(np.array([index.size, usable.size, nonfinite.size], dtype=np.int64))
+        totals = all_sum_array(np.array([index.size, usable.size, nonfinite.size], dtype=np.int64))
     if int(totals[0]) != n_examples:
         raise ValueError(f"the ranks hold {int(totals[0])} rows in all but `n_examples` is {n_examples}.")
     n_usable, n_nonfinite = int(totals[1]), int(totals[2])
@@ -265,120 +226,18 @@ def select_sharded(
     with timed(stages, "assign"):
         reduced, cells = _project(x, usable, mean, components)
         group = nearest_labels(reduced, centres, np.arange(centres.shape[0]))
-    received = _route(index, usable, nonfinite, reduced, cells, group, norms, losses, centres.shape[0], stages)
+    received = route_rows(index, usable, nonfinite, reduced, cells, group, norms, losses, centres.shape[0], stages)
     del reduced, cells, group
-    return _select_routed(received, n_examples, n_usable, n_nonfinite, n_clusters, config,
-                          index[deferred], stages, norms is not None, losses is not None)
+    selection, owned = select_routed(received, n_examples, n_usable, n_nonfinite, n_clusters, config,
+                                     index[deferred], stages, norms is not None, losses is not None)
+    if not return_clustering:
+        return selection
+    n_deferred = n_examples - n_usable - n_nonfinite
+    params = {"sharded": True, "world_size": distributed.world_size(),
+              "pca_dim": None if components is None else int(components.shape[0]),
+              "n_clusters_requested": n_clusters, "kept_per_cluster": settings.kept_per_cluster,
+              "sampled_rows": min(n_examples, settings.cluster_sample_size or n_examples),
+              "n_nonfinite_features": n_nonfinite, "n_no_loss_tokens": n_deferred}
+    return selection, clustering_of(owned, index[deferred], n_examples, params)
 
 
-def _route(index: np.ndarray, usable: np.ndarray, nonfinite: np.ndarray, reduced: np.ndarray, cells: np.ndarray,
-           group: np.ndarray, norms: np.ndarray | None, losses: np.ndarray | None, n_coarse: int,
-           stages: dict[str, float]) -> dict[str, np.ndarray]:
-    """Send every row to its coarse group's owner: returns what this rank received (`ints` `[r, 6]`: index, group,
-    4 cells; `floats` `[r, 2 + d]`: norm, loss, reduced row) and the all-reduced `group_rows` `[n_coarse]`. Rows
-    with NaN/inf features go to rank 0 as group `n_coarse`, with zero reduced rows and cells of their own."""
-    with timed(stages, "route"):
-        group_rows = _all_sum(np.bincount(group, minlength=n_coarse).astype(np.int64))
-        owner = np.append(_owners(group_rows, distributed.world_size()), 0)
-        rows = np.concatenate([usable, nonfinite])
-        groups = np.concatenate([group, np.full(nonfinite.size, n_coarse)])
-        own_cells = np.stack([index[nonfinite], np.full(nonfinite.size, -1), index[nonfinite],
-                              np.full(nonfinite.size, -2)], axis=1).reshape(-1, 4)
-        ints = np.concatenate([np.stack([index[rows], groups], axis=1), np.concatenate([cells, own_cells])], axis=1)
-        extra = np.stack([np.zeros(rows.size) if v is None else v[rows] for v in (norms, losses)], axis=1)
-        points = np.concatenate([reduced, np.zeros((nonfinite.size, reduced.shape[1]))])
-        floats = np.concatenate([extra, points], axis=1)
-        destination = owner[groups]
-        world = distributed.world_size()
-        ints_in = _exchange([ints[destination == r] for r in range(world)])
-        floats_in = _exchange([floats[destination == r] for r in range(world)])
-    return {"ints": np.concatenate(ints_in).astype(np.int64), "floats": np.concatenate(floats_in),
-            "group_rows": group_rows}
-
-
-def _cluster_owned(received: dict[str, np.ndarray], n_usable: int, n_clusters: int,
-                   config: ClusterSelectConfig) -> dict[str, np.ndarray]:
-    """Duplicate merge and fine KMeans of every coarse group this rank owns (rows in (group, index) order): the
-    sorted arrays, each row's global cluster `label`, the `units` (first copy of each duplicate group) with their
-    `copies`, and `n_fine` (clusters over all ranks)."""
-    order = np.lexsort((received["ints"][:, 0], received["ints"][:, 1]))
-    ints, floats = received["ints"][order], received["floats"][order]
-    group_rows = received["group_rows"]
-    n_coarse = group_rows.size
-    present = np.flatnonzero(group_rows > 0)
-    share = np.zeros(n_coarse + 1, dtype=np.int64)
-    share[present] = cluster_quotas(group_rows[present], min(n_clusters, n_usable))
-    deep = n_clusters > MAX_BRANCH ** 2
-    groups, starts = np.unique(ints[:, 1], return_index=True)
-    ends = np.append(starts[1:], ints.shape[0])
-    fine = np.zeros(ints.shape[0], dtype=np.int64)
-    k_per_group = np.zeros(n_coarse + 1, dtype=np.int64)
-    units, copies = [], []
-    for g, start, end in zip(groups, starts, ends):
-        cells = ints[start:end, 2:]
-        inverse, first, counts = duplicate_groups([(cells[:, :2], cells[:, 2:])])
-        k = 1 if g == n_coarse else int(max(1, min(share[g], first.size)))
-        labels = _fine_clusters(floats[start:end, 2:][first], counts, k, config, deep)
-        fine[start:end] = labels[inverse]
-        k_per_group[g] = k
-        units.append(start + first)
-        copies.append(counts)
-    k_all = _all_sum(k_per_group)
-    offsets = np.cumsum(k_all) - k_all
-    return {"ints": ints, "floats": floats, "label": offsets[ints[:, 1]] + fine, "n_fine": int(k_all.sum()),
-            "units": np.concatenate(units) if units else np.zeros(0, dtype=np.int64),
-            "copies": np.concatenate(copies) if copies else np.zeros(0, dtype=np.int64)}
-
-
-def _all_gather_selection(indices: np.ndarray, weights: np.ndarray, labels: np.ndarray,
-                          n_examples: int, stages: dict[str, float]) -> Selection:
-    """Every rank's kept rows, all-gathered and sorted by index, as one `Selection`."""
-    with timed(stages, "gather"):
-        parts = distributed.gather_objects((indices, weights, labels))
-        indices, weights, labels = (np.concatenate([p[i] for p in parts]) for i in range(3))
-        order = np.argsort(indices, kind="stable")
-    return Selection(indices=indices[order].astype(np.int64), weights=weights[order].astype(np.float64),
-                     labels=labels[order].astype(np.int64), n_total=int(n_examples), stage_seconds=stages)
-
-
-def _select_routed(received: dict[str, np.ndarray], n_examples: int, n_usable: int, n_nonfinite: int,
-                   n_clusters: int, config: ClusterSelectConfig, deferred_index: np.ndarray,
-                   stages: dict[str, float], has_norms: bool, has_losses: bool) -> Selection:
-    """Fine clusters, quotas and the within-cluster rule over the rows this rank owns; then the all-gather."""
-    with timed(stages, "fit"):
-        owned = _cluster_owned(received, n_usable, n_clusters, config)
-    ints, floats, label = owned["ints"], owned["floats"], owned["label"]
-    budget = selection_budget(n_examples, config.data_fraction)
-    n_eligible = n_usable + n_nonfinite
-    if budget >= n_eligible:  # every eligible example, the rest of the budget from the deferred ones by index
-        deferred = np.sort(np.concatenate(distributed.gather_objects(deferred_index)))[: budget - n_eligible]
-        me = deferred if distributed.rank() == 0 else deferred[:0]
-        kept = np.concatenate([ints[:, 0], me])
-        weights = np.full(kept.size, n_examples / (n_eligible + deferred.size))
-        return _all_gather_selection(kept, weights, np.concatenate([label, np.full(me.size, owned["n_fine"])]),
-                                     n_examples, stages)
-    with timed(stages, "quotas"):
-        units, copies = owned["units"], owned["copies"]
-        if int(_all_sum(np.array([units.size], dtype=np.int64))[0]) < budget:  # too few distinct rows: all once
-            units, copies = np.arange(ints.shape[0]), np.ones(ints.shape[0], dtype=np.int64)
-        elif config.selection_settings.duplicate_weight == "one":
-            copies = np.ones(units.size, dtype=np.int64)
-        unit_sizes = _all_sum(np.bincount(label[units], minlength=owned["n_fine"]).astype(np.int64))
-        sizes = _all_sum(np.bincount(label[units], weights=copies, minlength=owned["n_fine"]).astype(np.int64))
-        quotas = cluster_quotas(unit_sizes, budget, config.selection_settings.quota)
-    with timed(stages, "within_cluster"):
-        rule = WITHIN_CLUSTER_RULES.get(config.within_cluster)
-        points = floats[:, 2:] if getattr(rule, "needs_points", True) else None
-        _checked_points(points, ints.shape[0], config.within_cluster, points is not None)
-        clusters, position = np.unique(label[units], return_inverse=True)
-        pick_for = functools.partial(_member_picker, rule, config.within_cluster, config.selection_seed,
-                                     points=points, norms=floats[:, 0] if has_norms else None,
-                                     losses=floats[:, 1] if has_losses else None)
-        kept, weights = np.zeros(0, dtype=np.int64), np.zeros(0)
-        if (quotas[clusters] > 0).any():
-            kept, weights = _select_in_cells(position.reshape(-1), units, copies, clusters, sizes[clusters],
-                                             quotas[clusters], pick_for, None)
-        covered = int(sizes[quotas > 0].sum())
-        if covered < n_examples:  # clusters, deferred examples or ("one") copies left out: weights sum to n
-            weights = weights * (n_examples / covered)
-    return _all_gather_selection(ints[kept, 0], weights, label[kept], n_examples, stages)

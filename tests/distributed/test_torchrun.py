@@ -60,8 +60,9 @@ def two(tmp_path_factory):
 def three(tmp_path_factory):
     """The 3-process job (uneven splits over 3 ranks)."""
     folder = str(tmp_path_factory.mktemp("torchrun3"))
-    torchrun([WORKER, folder, "main3,select0,select0_again"], nproc=3, timeout=240)
-    return {s: _load(folder, s, 3) for s in ("main3", "select0", "select0_again")}
+    scenarios = ("main3", "select0", "select0_again", "sharded")
+    torchrun([WORKER, folder, ",".join(scenarios)], nproc=3, timeout=300)
+    return {s: _load(folder, s, 3) for s in scenarios}
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +181,31 @@ def test_selection_matches_one_process_run(two, tmp_path, monkeypatch):
     assert single.selection.weights.tolist() == distributed_selection["weights"]
     assert single.selection.labels.tolist() == distributed_selection["labels"]
     assert single.selection_run.raw_labels.tolist() == distributed_selection["raw_labels"]
+
+
+def test_sharded_selection_gathers_no_feature_row(three, tmp_path, monkeypatch):
+    """`sharded=True` on 3 ranks: each rank computes its strided shard's features and keeps them (only per-example
+    counts, losses and labels, at most 2 columns, are gathered), every rank gets the same 36-of-90 selection,
+    training sees exactly the kept examples, and one process given the same settings selects nearly the same set
+    (its features differ in the last bits: each rank pads its own batches)."""
+    import worker
+
+    records = three["sharded"]
+    selection = records[0]["selection"]
+    for record in records:
+        assert record["feature_indices"] == [list(range(record["rank"], 90, 3))]
+        assert record["selection"] == selection
+        assert record["gathered"] and all(call["sent"][1] <= 2 for call in record["gathered"])
+    assert len(selection["indices"]) == 36 and sum(selection["weights"]) == pytest.approx(90.0)
+    assert len(selection["all_labels"]) == 90 and max(selection["labels"]) < max(selection["all_labels"]) + 1
+    trained = {i for r in records for m in r["seen"] if m["epoch"] >= 1 for i in m["ids"]}
+    assert trained == set(selection["indices"])
+    monkeypatch.setenv("HF_CLUSTER_SELECT_CACHE", str(tmp_path / "cache"))
+    single = worker.build_trainer("sharded", str(tmp_path / "one"), cls=worker.ClusterTrainer)
+    single.plan()
+    single.run_selection()
+    assert single.selection_report.clustering_params["sharded"] is True
+    assert len(set(single.selection.indices.tolist()) & set(selection["indices"])) >= 32  # 34 measured
 
 
 # ---- 2. no double sharding ------------------------------------------------------------------------------------

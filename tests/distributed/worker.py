@@ -12,6 +12,7 @@ Scenarios (run in the order given, in one process group, so the start-up cost is
 - `paper`: CluSTER's allocation (`ClusterSelectConfig.paper`, proportional quota) on 65 examples with uneven
   styles; one cluster per rank, per-rank loss weight K·|C_k|/N; checkpoint at step 3.
 - `paper_resume`: resumes `paper` from its checkpoint-3; selection (made before training) must not run again.
+- `sharded`: the `fine_kmeans` setting `sharded=True` (`selection/sharded.py`), warm-up 1 step, 36 of 90 kept.
 - `curriculum`: `order="easy_to_hard"` with fixed batches (`balance_tokens=False`): warm-up 1 step, 36 of 90 kept,
   2 epochs of 5 micro-steps, each running up the kept examples' feature-pass loss.
 
@@ -92,6 +93,11 @@ SCENARIOS["curriculum"] = dict(
     config=dict(data_fraction=0.4, selection_warmup_steps=1, order="easy_to_hard",
                 strategy_kwargs={"balance_tokens": False}),
     args=dict(num_train_epochs=2),
+)
+SCENARIOS["sharded"] = dict(  # select_sharded: no rank gathers feature rows
+    n=90,
+    config=dict(data_fraction=0.4, selection_warmup_steps=1, strategy_kwargs={"sharded": True}),
+    args=dict(num_train_epochs=1),
 )
 SCENARIOS["resume"] = SCENARIOS["main"]
 SCENARIOS["select0_again"] = SCENARIOS["select0"]  # the same run again: features from the cache on every rank
