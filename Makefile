@@ -79,6 +79,8 @@ benchmarks: setup
 	$(MATHQA_2EPOCHS) --seeds 0 --arms full $(CONVERGED_ARMS) --out benchmarks/results/quality_mathqa_2epochs.json
 	$(MATHQA_2EPOCHS) --seeds 1 2 3 4 --arms $(CONVERGED_ARMS) --merge benchmarks/results/quality_mathqa_2epochs.json --out benchmarks/results/quality_mathqa_2epochs.json
 	$(BIN)/python benchmarks/cluster_scale.py
+	$(BIN)/python benchmarks/cluster_scale.py --sizes 100000 1000000 --methods select_defaults --memmap-rows 0 --select-memmap-rows 10000000 --timeout 1500 --out benchmarks/results/cluster_scale_select.json
+	$(BIN)/python benchmarks/sharded_scale.py --rows 10000000 --ranks 4
 	$(BIN)/python benchmarks/overhead.py
 
 # Targeted selection (benchmarks/README.md "Targeted selection"): NI SFT in fp32 (the grid of record; resumes where

@@ -141,17 +141,16 @@ def _gather_sample(x: np.ndarray, index: np.ndarray, usable: np.ndarray, n_examp
     return np.concatenate([p[1] for p in parts])[np.argsort(order_index, kind="stable")]
 
 
-def _project(x: np.ndarray, rows: np.ndarray, mean, components) -> tuple[np.ndarray, np.ndarray]:
-    """Normalised rows `x[rows]` projected to the PCA space `[n, d]` and their duplicate cells `[n, 4]` int64 (plain
-    and shifted grid, `duplicates.cell_codes`), block by block."""
-    reduced, cells = [], []
+def _project(x: np.ndarray, rows: np.ndarray, mean, components) -> dict[str, np.ndarray]:
+    """Normalised rows `x[rows]` projected to the PCA space (`reduced` `[n, d]`) and their duplicate cells
+    (`cells` `[n, 4]` int64: plain and shifted grid, `duplicates.cell_codes`), block by block."""
+    dim = x.shape[1] if components is None else components.shape[0]
+    reduced, cells = np.empty((rows.size, dim)), np.empty((rows.size, 4), dtype=np.int64)
     for block in _blocks(rows.size):
         unit = _normalised(x, rows[block])
-        cells.append(np.concatenate(cell_codes(unit), axis=1))
-        reduced.append(unit if components is None else (unit - mean) @ components.T)
-    dim = x.shape[1] if components is None else components.shape[0]
-    return (np.concatenate(reduced) if reduced else np.zeros((0, dim)),
-            np.concatenate(cells) if cells else np.zeros((0, 4), dtype=np.int64))
+        cells[block] = np.concatenate(cell_codes(unit), axis=1)
+        reduced[block] = unit if components is None else (unit - mean) @ components.T
+    return {"reduced": reduced, "cells": cells}
 
 
 def select_sharded(
@@ -224,10 +223,9 @@ def select_sharded(
         mean, components, centres = distributed.broadcast_object(fitted)
         del sample_rows
     with timed(stages, "assign"):
-        reduced, cells = _project(x, usable, mean, components)
-        group = nearest_labels(reduced, centres, np.arange(centres.shape[0]))
-    received = route_rows(index, usable, nonfinite, reduced, cells, group, norms, losses, centres.shape[0], stages)
-    del reduced, cells, group
+        projected = _project(x, usable, mean, components)
+        projected["group"] = nearest_labels(projected["reduced"], centres, np.arange(centres.shape[0]))
+    received = route_rows(index, usable, nonfinite, projected, norms, losses, centres.shape[0], stages)
     selection, owned = select_routed(received, n_examples, n_usable, n_nonfinite, n_clusters, config,
                                      index[deferred], stages, norms is not None, losses is not None)
     if not return_clustering:
