@@ -3,6 +3,7 @@ ranks as in one process."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -88,6 +89,10 @@ def test_bad_shards_are_named():
         select_sharded(x, np.arange(10), 12, ClusterSelectConfig())
     with pytest.raises(TypeError, match="ClusterSelectConfig"):
         select_sharded(x, np.arange(10), 10, {"data_fraction": 0.3})
+    with pytest.raises(ValueError, match="1-D sequence of ints, got shape \\(10,\\), dtype float64"):
+        select_sharded(x, np.arange(10) + 0.5, 10, ClusterSelectConfig())
+    with pytest.raises(ValueError, match="1-D sequence of ints, got shape \\(10, 1\\)"):
+        select_sharded(x, np.arange(10)[:, None], 10, ClusterSelectConfig())
 
 
 @pytest.mark.distributed
@@ -101,6 +106,11 @@ def test_four_ranks_select_what_one_process_selects(tmp_path):
             assert np.array_equal(got["labels"], expected.labels), (name, rank)
             np.testing.assert_allclose(got["weights"], expected.weights, rtol=1e-12)
     assert sorted(np.concatenate([shard_of(3000, r, 4) for r in range(4)]).tolist()) == list(range(3000))
+    for rank in range(4):  # a bad input on one rank, or ranks that disagree: the same ValueError on every rank
+        errors = json.loads((tmp_path / "errors" / f"rank{rank}.json").read_text())
+        assert "do not cover range(3000) exactly once" in errors["overlap"]
+        assert "every rank must pass the same `config`" in errors["config"]
+        assert errors["one_rank"].startswith("select_sharded: rank 3: `local_indices` has 749 entries")
 
 
 def test_exchange_and_sum_without_a_process_group_are_the_identity():

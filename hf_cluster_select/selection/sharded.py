@@ -58,7 +58,11 @@ def _local_arrays(local_features: Any, local_indices: Sequence[int], n_examples:
     if x.ndim != 2 or x.shape[1] == 0 or not np.issubdtype(x.dtype, np.number):
         raise ValueError(f"`local_features` must be a numeric `[n_local, dim]` array, got shape {x.shape}, "
                          f"dtype {x.dtype}.")
-    index = np.asarray(local_indices, dtype=np.int64).reshape(-1)
+    index = np.asarray(local_indices)
+    if index.ndim != 1 or not (np.issubdtype(index.dtype, np.integer) or index.size == 0):
+        raise ValueError(f"`local_indices` must be a 1-D sequence of ints, got shape {index.shape}, "
+                         f"dtype {index.dtype}.")
+    index = index.astype(np.int64)
     if index.shape != (x.shape[0],):
         raise ValueError(f"`local_indices` has {index.size} entries but `local_features` has {x.shape[0]} rows.")
     if isinstance(n_examples, bool) or not isinstance(n_examples, (int, np.integer)) or n_examples < 1:
@@ -81,6 +85,40 @@ def _local_arrays(local_features: Any, local_indices: Sequence[int], n_examples:
             raise ValueError(f"`{name}` must hold one value per local row ({index.size}), got {array.shape}.")
         extras.append(np.nan_to_num(array.reshape(-1), nan=0.0, posinf=0.0, neginf=0.0))
     return x, index, deferred, extras[0], extras[1]
+
+
+def _agreed_inputs(local_features: Any, local_indices: Any, n_examples: Any, config: ClusterSelectConfig,
+                   loss_tokens: Any, norms: Any, losses: Any):
+    """`_local_arrays` on every rank, then one all-gather of each rank's verdict, `n_examples` and settings: a bad
+    input on any rank, or ranks that disagree, raise the same `ValueError` on every rank (never a hang)."""
+    try:
+        arrays, problem = _local_arrays(local_features, local_indices, n_examples, loss_tokens, norms, losses), None
+    except ValueError as error:
+        arrays, problem = None, str(error)
+    verdicts = distributed.gather_objects((problem, repr(n_examples), repr(config.to_dict()),
+                                           (norms is None, losses is None)))
+    bad = [(r, v[0]) for r, v in enumerate(verdicts) if v[0] is not None]
+    if bad:
+        raise ValueError(f"select_sharded: rank {bad[0][0]}: {bad[0][1]}")
+    for position, what in ((1, "`n_examples`"), (2, "`config`"), (3, "`norms` / `losses` given or not")):
+        if len({v[position] for v in verdicts}) > 1:
+            raise ValueError(f"select_sharded: every rank must pass the same {what}; the ranks differ.")
+    return arrays
+
+
+def _index_hash(index: np.ndarray) -> int:
+    """Sum over `index` of a 64-bit mix of each index, wrapping: equal over all ranks to the one of
+    `range(n_examples)` when the ranks' indices cover it exactly once (an overlap or a gap changes it, except with
+    probability about 2^-64)."""
+    total = np.int64(0)
+    with np.errstate(over="ignore"):
+        for start in range(0, index.size, 1 << 20):
+            mixed = index[start: start + (1 << 20)].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+            mixed ^= mixed >> np.uint64(31)
+            mixed *= np.uint64(0xBF58476D1CE4E5B9)
+            mixed ^= mixed >> np.uint64(29)
+            total = total + mixed.view(np.int64).sum(dtype=np.int64)
+    return int(total)
 
 
 def _normalised(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -202,15 +240,19 @@ def select_sharded(
     _check_config(config)
     stages: dict[str, float] = {}
     with timed(stages, "screen"):
-        x, index, deferred, norms, losses = _local_arrays(local_features, local_indices, n_examples, loss_tokens,
-                                                          norms, losses)
+        x, index, deferred, norms, losses = _agreed_inputs(local_features, local_indices, n_examples, config,
+                                                           loss_tokens, norms, losses)
         finite = np.concatenate([np.isfinite(np.asarray(x[b])).all(axis=1) for b in _blocks(index.size)]) \
             if index.size else np.zeros(0, dtype=bool)
         usable = np.flatnonzero(finite & ~deferred)
         nonfinite = np.flatnonzero(~finite & ~deferred)
-        totals = all_sum_array(np.array([index.size, usable.size, nonfinite.size], dtype=np.int64))
+        totals = all_sum_array(np.array([index.size, usable.size, nonfinite.size, _index_hash(index)],
+                                        dtype=np.int64))
     if int(totals[0]) != n_examples:
         raise ValueError(f"the ranks hold {int(totals[0])} rows in all but `n_examples` is {n_examples}.")
+    if int(totals[3]) != _index_hash(np.arange(n_examples)):
+        raise ValueError(f"the ranks' `local_indices` do not cover range({n_examples}) exactly once (an index held "
+                         "by two ranks, or by none).")
     n_usable, n_nonfinite = int(totals[1]), int(totals[2])
     if n_usable == 0:
         raise ValueError("no example has finite features and loss-bearing tokens: nothing to cluster.")

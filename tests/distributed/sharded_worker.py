@@ -38,7 +38,36 @@ def main(out: str) -> None:
         os.makedirs(os.path.join(out, name), exist_ok=True)
         np.savez(os.path.join(out, name, f"rank{rank}.npz"), indices=selection.indices, weights=selection.weights,
                  labels=selection.labels)
+    _bad_inputs(out, rank, world)
     torch.distributed.destroy_process_group()
+
+
+def _bad_inputs(out: str, rank: int, world: int) -> None:
+    """Inputs wrong on one rank or across ranks; every rank records the message it raised (`OUT/errors`)."""
+    import json
+
+    from hf_cluster_select import ClusterSelectConfig
+
+    data = pool("plain")
+    n, local = data["features"].shape[0], shard_of(data["features"].shape[0], rank, world)
+    overlap = local.copy()
+    if rank == 1:
+        overlap[0] = shard_of(n, 0, world)[0]  # held by ranks 0 and 1; rank 1's own first index by nobody
+    cases = {
+        "overlap": (overlap, data["config"]),
+        "config": (local, ClusterSelectConfig(data_fraction=0.31) if rank == 1 else data["config"]),
+        "one_rank": (local[:-1] if rank == world - 1 else local, data["config"]),
+    }
+    messages = {}
+    for name, (indices, config) in cases.items():
+        try:
+            select_sharded(data["features"][local], indices, n, config)
+            messages[name] = None
+        except ValueError as error:
+            messages[name] = str(error)
+    os.makedirs(os.path.join(out, "errors"), exist_ok=True)
+    with open(os.path.join(out, "errors", f"rank{rank}.json"), "w") as handle:
+        json.dump(messages, handle)
 
 
 if __name__ == "__main__":
