@@ -54,3 +54,24 @@ def collator(tokenizer):
     from transformers import DataCollatorForSeq2Seq
 
     return DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100)
+
+
+@pytest.fixture
+def two_level_calls(monkeypatch):
+    """Every call of `sampled.two_level_kmeans` from now on, as `(depth, n_clusters)`: depth 0 for a call from
+    outside it, 1 for its own recursion (a third level), and so on."""
+    from hf_cluster_select.selection import sampled
+
+    calls, depth = [], [0]
+    original = sampled.two_level_kmeans
+
+    def counting(*args, **kwargs):
+        calls.append((depth[0], args[2]))
+        depth[0] += 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+
+    monkeypatch.setattr(sampled, "two_level_kmeans", counting)
+    return calls

@@ -145,7 +145,7 @@ def test_a_float32_matrix_is_read_in_blocks_when_its_float64_copy_would_be_too_l
     assert clustering._as_float_matrix(x) is x  # no copy
 
 
-def test_fine_kmeans_adds_a_third_level_above_max_branch_squared(monkeypatch):
+def test_fine_kmeans_adds_a_third_level_above_max_branch_squared(monkeypatch, request):
     """With MAX_BRANCH = 4 (a third level above 16 fine clusters), K = 100 is found as ∛K = 5 coarse groups, each
     split coarse-then-fine again: still about K clusters, each inside one true component; at or below MAX_BRANCH²
     the labels are exactly the two-level ones."""
@@ -156,19 +156,8 @@ def test_fine_kmeans_adds_a_third_level_above_max_branch_squared(monkeypatch):
     two_levels = cluster_features(x, config)
     monkeypatch.setattr(sampled, "MAX_BRANCH", 10)  # 100 <= 10²: still two levels, the same labels
     assert np.array_equal(cluster_features(x, config).labels, two_levels.labels)
-    calls, depth = [], [0]
-    original = sampled.two_level_kmeans
-
-    def counting(*args, **kwargs):
-        calls.append((depth[0], args[2]))
-        depth[0] += 1
-        try:
-            return original(*args, **kwargs)
-        finally:
-            depth[0] -= 1
-
     monkeypatch.setattr(sampled, "MAX_BRANCH", 4)
-    monkeypatch.setattr(sampled, "two_level_kmeans", counting)
+    calls = request.getfixturevalue("two_level_calls")
     three_levels = cluster_features(x, config)
     # the inner splits (the first call comes from kmeans_clusterer's own import): the coarse groups' shares of K
     first = [k for level, k in calls if level == 0]  # the coarse groups' shares of K (above MAX_BRANCH: split again)

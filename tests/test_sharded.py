@@ -149,17 +149,14 @@ def test_the_sharded_setting_refuses_what_it_does_not_implement():
     assert ClusterSelectConfig(strategy_kwargs={"sharded": True}).cluster_settings.sharded is True
 
 
-def test_a_third_kmeans_level_above_max_branch_squared(monkeypatch):
+def test_a_third_kmeans_level_above_max_branch_squared(monkeypatch, two_level_calls):
     """With `MAX_BRANCH` lowered to 4, K = 225 > 4² takes the three-level path (∛K coarse groups, each split again
     by `two_level_kmeans`): the budget is still exact and the clusters still homogeneous."""
-    from hf_cluster_select.selection import sharded, sharded_owner
+    from hf_cluster_select.selection import sampled
 
-    calls = []
-    original = sharded_owner.two_level_kmeans
-    monkeypatch.setattr(sharded, "MAX_BRANCH", 4)
-    monkeypatch.setattr(sharded_owner, "MAX_BRANCH", 4)
-    monkeypatch.setattr(sharded_owner, "two_level_kmeans", lambda *a, **k: calls.append(a[2]) or original(*a, **k))
+    monkeypatch.setattr(sampled, "MAX_BRANCH", 4)
     data, selection = _one_process("plain")
+    calls = [k for depth, k in two_level_calls if depth == 0]  # the sharded third level, not its own recursion
     assert len(calls) == 7 and sum(calls) == 225  # ceil(∛225) = 7 coarse groups, their shares of K
     assert selection.n_kept == 900 and selection.weights.sum() == pytest.approx(3000.0)
     assert homogeneity_score(data["truth"][selection.indices], selection.labels) > 0.99

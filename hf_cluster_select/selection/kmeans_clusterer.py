@@ -152,6 +152,12 @@ def fit_kmeans(
 fit_kmeans.handles_scale = True  # centroids from a sample, the size cap applied to every row (not sampled around)
 
 
+def requested_clusters(n_rows: int, data_fraction: float, kept_per_cluster: int) -> int:
+    """`fine_kmeans`' K before clipping to the distinct rows: ceil(budget / `kept_per_cluster`), at least 1, where
+    the budget is `selection_budget(n_rows, data_fraction)`."""
+    return max(1, math.ceil(selection_budget(n_rows, data_fraction) / kept_per_cluster))
+
+
 @CLUSTERERS.register("fine_kmeans", settings=FineKMeansSettings)
 def fit_fine_kmeans(
     reduced: np.ndarray, counts: np.ndarray, inverse: np.ndarray, config: ClusterSelectConfig, world_size: int
@@ -164,7 +170,7 @@ def fit_fine_kmeans(
     settings = config.cluster_settings
     n_total, n_unique = int(inverse.size), reduced.shape[0]
     budget = selection_budget(n_total, config.data_fraction)
-    requested = max(1, math.ceil(budget / settings.kept_per_cluster))
+    requested = requested_clusters(n_total, config.data_fraction, settings.kept_per_cluster)
     n_clusters = min(requested, n_unique)
     params: dict[str, Any] = {"n_clusters_requested": requested, "kept_per_cluster": settings.kept_per_cluster}
     if n_clusters == 1:

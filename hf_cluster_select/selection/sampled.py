@@ -85,6 +85,30 @@ def fit_on_sample(fit: Callable, reduced: np.ndarray, counts: np.ndarray, invers
     return ClusterFit(labels_u[inverse], raw_u[inverse], part.fallback, params)
 
 
+def coarse_count(n_clusters: int) -> tuple[int, bool]:
+    """Coarse groups for `n_clusters` fine ones and whether a third level is due: (ceil(√K), False) up to
+    `MAX_BRANCH`² clusters, (ceil(∛K), True) above."""
+    deep = n_clusters > MAX_BRANCH ** 2
+    return math.ceil(n_clusters ** (1.0 / 3.0 if deep else 0.5)), deep
+
+
+def split_group(points: np.ndarray, counts: np.ndarray, k: int, *, deep: bool, sample_size: int | None, seed: int,
+                seconds: dict[str, float] | None = None) -> np.ndarray:
+    """Fine labels `[n_rows]` in `0..k-1` of one coarse group's rows `points` (weighted by `counts`): one cluster
+    for `k` = 1; with `deep` (three levels) and `k` above `MAX_BRANCH`, `two_level_kmeans` again on a seeded sample
+    of `sample_size` of the rows; else seeded KMeans with `k` clusters."""
+    from sklearn.cluster import KMeans
+
+    if k == 1:
+        return np.zeros(points.shape[0], dtype=np.int64)
+    if deep and k > MAX_BRANCH and points.shape[0] > k:  # a third level (only above MAX_BRANCH² clusters in all)
+        inner = seeded_sample(points.shape[0], sample_size, seed)
+        return two_level_kmeans(points, counts, k, np.arange(points.shape[0]) if inner is None else inner, seed,
+                                seconds)
+    fine = KMeans(n_clusters=k, n_init=1, random_state=seed).fit(points, sample_weight=counts.astype(np.float64))
+    return np.asarray(fine.labels_, dtype=np.int64)
+
+
 def two_level_kmeans(reduced: np.ndarray, counts: np.ndarray, n_clusters: int, sample: np.ndarray,
                      seed: int, seconds: dict[str, float] | None = None) -> np.ndarray:
     """Labels `[n_unique]` of about `n_clusters` KMeans clusters found coarse-then-fine (see the module doc); the
@@ -97,8 +121,8 @@ def two_level_kmeans(reduced: np.ndarray, counts: np.ndarray, n_clusters: int, s
     from sklearn.cluster import KMeans
 
     stage = {} if seconds is None else seconds
-    deep = n_clusters > MAX_BRANCH ** 2
-    n_coarse = max(2, math.ceil(n_clusters ** (1.0 / 3.0 if deep else 0.5)))
+    n_coarse, deep = coarse_count(n_clusters)
+    n_coarse = max(2, n_coarse)
     coarse = KMeans(n_clusters=n_coarse, n_init=1, random_state=seed)
     coarse.fit(reduced[sample], sample_weight=counts[sample].astype(np.float64))
     with timed(stage, "assign"):
@@ -114,15 +138,7 @@ def two_level_kmeans(reduced: np.ndarray, counts: np.ndarray, n_clusters: int, s
     for g, share in zip(present, shares):
         rows = by_group[ends[g] - sizes[g]: ends[g]]
         k = int(max(1, min(share, rows.size)))
-        if k == 1:
-            labels[rows] = offset
-        elif deep and k > MAX_BRANCH and rows.size > k:  # a third level (only above MAX_BRANCH² clusters in all)
-            inner = seeded_sample(rows.size, sample.size, seed)
-            labels[rows] = offset + two_level_kmeans(reduced[rows], counts[rows], k,
-                                                     np.arange(rows.size) if inner is None else inner, seed, stage)
-        else:
-            fine = KMeans(n_clusters=k, n_init=1, random_state=seed).fit(
-                reduced[rows], sample_weight=counts[rows].astype(np.float64))
-            labels[rows] = offset + np.asarray(fine.labels_, dtype=np.int64)
+        labels[rows] = offset + split_group(reduced[rows], counts[rows], k, deep=deep, sample_size=sample.size,
+                                            seed=seed, seconds=stage)
         offset += k
     return labels

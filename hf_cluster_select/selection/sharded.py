@@ -27,8 +27,6 @@ benchmark mixture (docs/distributed.md, "Pools larger than one machine").
 
 from __future__ import annotations
 
-import functools
-import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -38,13 +36,13 @@ from .. import distributed
 from .._types import ClusteringResult, Selection
 from ..clock import timed
 from ..config import ClusterSelectConfig
-from .budget import selection_budget
+from .kmeans_clusterer import requested_clusters
 from .duplicates import cell_codes
-from .sampled import MAX_BRANCH, nearest_labels, seeded_sample
+from .clustering import _l2_normalise
+from .sampled import coarse_count, nearest_labels, seeded_sample
 from .sharded_owner import all_sum_array, clustering_of, route_rows, select_routed
 
 BLOCK_ROWS = 16384
-_NONFINITE_GROUP = -1  # coarse group of the rows with NaN/inf features: one cluster of their own, on rank 0
 
 
 def _local_arrays(local_features: Any, local_indices: Sequence[int], n_examples: int, loss_tokens: Any,
@@ -123,9 +121,7 @@ def _index_hash(index: np.ndarray) -> int:
 
 def _normalised(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """L2-normalised float64 copy of `x[rows]` (zero rows stay zero)."""
-    part = np.asarray(x[rows], dtype=np.float64)
-    norm = np.linalg.norm(part, axis=1, keepdims=True)
-    return np.divide(part, norm, out=np.zeros_like(part), where=norm > 0)
+    return _l2_normalise(np.asarray(x[rows], dtype=np.float64))
 
 
 def _fit_projection(sample_rows: np.ndarray, config: ClusterSelectConfig, n_clusters: int):
@@ -142,8 +138,7 @@ def _fit_projection(sample_rows: np.ndarray, config: ClusterSelectConfig, n_clus
         pca = PCA(n_components=n_components, random_state=seed).fit(sample_rows)
         mean, components = pca.mean_, pca.components_
         reduced = (sample_rows - mean) @ components.T
-    deep = n_clusters > MAX_BRANCH ** 2
-    n_coarse = min(max(1, math.ceil(n_clusters ** (1.0 / 3.0 if deep else 0.5))), reduced.shape[0])
+    n_coarse = min(max(1, coarse_count(n_clusters)[0]), reduced.shape[0])
     centres = KMeans(n_clusters=n_coarse, n_init=1, random_state=seed).fit(reduced).cluster_centers_
     return mean, components, np.asarray(centres, dtype=np.float64)
 
@@ -257,8 +252,8 @@ def select_sharded(
     if n_usable == 0:
         raise ValueError("no example has finite features and loss-bearing tokens: nothing to cluster.")
     settings = config.cluster_settings
-    n_clusters = min(max(1, math.ceil(selection_budget(n_usable, config.data_fraction) / settings.kept_per_cluster)),
-                     n_usable)
+    requested = requested_clusters(n_usable, config.data_fraction, settings.kept_per_cluster)
+    n_clusters = min(requested, n_usable)
     with timed(stages, "pca"):
         sample_rows = _gather_sample(x, index, usable, n_examples, config)
         fitted = None if sample_rows is None else _fit_projection(sample_rows, config, n_clusters)
@@ -275,7 +270,7 @@ def select_sharded(
     n_deferred = n_examples - n_usable - n_nonfinite
     params = {"sharded": True, "world_size": distributed.world_size(),
               "pca_dim": None if components is None else int(components.shape[0]),
-              "n_clusters_requested": n_clusters, "kept_per_cluster": settings.kept_per_cluster,
+              "n_clusters_requested": requested, "kept_per_cluster": settings.kept_per_cluster,
               "sampled_rows": min(n_examples, settings.cluster_sample_size or n_examples),
               "n_nonfinite_features": n_nonfinite, "n_no_loss_tokens": n_deferred}
     return selection, clustering_of(owned, index[deferred], n_examples, params)

@@ -16,7 +16,7 @@ from ..config import ClusterSelectConfig
 from .budget import selection_budget
 from .duplicates import duplicate_groups
 from .quotas import cluster_quotas
-from .sampled import MAX_BRANCH, seeded_sample, two_level_kmeans
+from .sampled import coarse_count, split_group
 from .select import _checked_points, _member_picker, _select_in_cells
 from .within_cluster import WITHIN_CLUSTER_RULES
 
@@ -42,21 +42,6 @@ def _exchange(parts: list[np.ndarray]) -> list[np.ndarray]:
     return [p.numpy() for p in distributed.exchange_rows([torch.from_numpy(np.ascontiguousarray(p)) for p in parts])]
 
 
-def _fine_clusters(points: np.ndarray, counts: np.ndarray, k: int, config: ClusterSelectConfig,
-                   deep: bool) -> np.ndarray:
-    """Fine KMeans labels `[n_unique]` of one coarse group's distinct rows (weighted by their copies)."""
-    from sklearn.cluster import KMeans
-
-    seed = config.selection_seed
-    if k == 1:
-        return np.zeros(points.shape[0], dtype=np.int64)
-    if deep and k > MAX_BRANCH and points.shape[0] > k:  # a third level, as `two_level_kmeans` does
-        inner = seeded_sample(points.shape[0], config.cluster_settings.cluster_sample_size, seed)
-        return two_level_kmeans(points, counts, k, np.arange(points.shape[0]) if inner is None else inner, seed)
-    fit = KMeans(n_clusters=k, n_init=1, random_state=seed).fit(points, sample_weight=counts.astype(np.float64))
-    return np.asarray(fit.labels_, dtype=np.int64)
-
-
 def route_rows(index: np.ndarray, usable: np.ndarray, nonfinite: np.ndarray, projected: dict[str, np.ndarray],
                norms: np.ndarray | None, losses: np.ndarray | None, n_coarse: int,
                stages: dict[str, float]) -> dict[str, np.ndarray]:
@@ -74,7 +59,8 @@ def route_rows(index: np.ndarray, usable: np.ndarray, nonfinite: np.ndarray, pro
         rows = np.concatenate([usable, nonfinite])
         groups = np.concatenate([group, np.full(nonfinite.size, n_coarse)])
         del group
-        order = np.lexsort((index[rows], groups, owner[groups]))
+        destination = owner[groups]
+        order = np.lexsort((index[rows], groups, destination))
         place = np.empty(order.size, dtype=np.int64)
         place[order] = np.arange(order.size)
         ints = np.empty((order.size, 6), dtype=np.int64)
@@ -89,8 +75,9 @@ def route_rows(index: np.ndarray, usable: np.ndarray, nonfinite: np.ndarray, pro
         for column, values in enumerate((norms, losses)):
             if values is not None:
                 floats[:, column] = values[rows][order]
-        ends = np.cumsum(np.bincount(owner[groups], minlength=distributed.world_size()))
-        starts = ends - np.bincount(owner[groups], minlength=distributed.world_size())
+        sent = np.bincount(destination, minlength=distributed.world_size())
+        ends = np.cumsum(sent)
+        starts = ends - sent
         ints_in = _exchange([ints[a:b] for a, b in zip(starts, ends)])
         floats_in = _exchange([floats[a:b] for a, b in zip(starts, ends)])
         del ints, floats  # with one process, the received part is this same memory
@@ -113,7 +100,7 @@ def _cluster_owned(received: dict[str, np.ndarray], n_usable: int, n_clusters: i
     present = np.flatnonzero(group_rows > 0)
     share = np.zeros(n_coarse + 1, dtype=np.int64)
     share[present] = cluster_quotas(group_rows[present], min(n_clusters, n_usable))
-    deep = n_clusters > MAX_BRANCH ** 2
+    deep = coarse_count(n_clusters)[1]
     groups, starts = np.unique(ints[:, 1], return_index=True)
     ends = np.append(starts[1:], ints.shape[0])
     fine = np.zeros(ints.shape[0], dtype=np.int64)
@@ -123,7 +110,8 @@ def _cluster_owned(received: dict[str, np.ndarray], n_usable: int, n_clusters: i
         cells = ints[start:end, 2:]
         inverse, first, counts = duplicate_groups([(cells[:, :2], cells[:, 2:])])
         k = 1 if g == n_coarse else int(max(1, min(share[g], first.size)))
-        labels = _fine_clusters(floats[start:end, 2:][first], counts, k, config, deep)
+        labels = split_group(floats[start:end, 2:][first], counts, k, deep=deep,
+                             sample_size=config.cluster_settings.cluster_sample_size, seed=config.selection_seed)
         fine[start:end] = labels[inverse]
         k_per_group[g] = k
         units.append(start + first)
