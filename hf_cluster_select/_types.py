@@ -113,6 +113,8 @@ class RunFacts:
         feature (`str`): the registered signal computed (`feature="auto"` resolved for the model).
         feature_layers (`int` or `None`): transformer blocks the feature pass really runs (`None` = all).
         feature_used (`str`): the feature as the report and card state it (`"hidden_mean after 20 blocks"`).
+        feature_autocast (`bool` or `None`): the feature pass's bf16 autocast (`feature_precision`: True = bf16,
+            False = fp32, None = bf16 on CUDA only).
         loss_weighted (`bool`): whether training losses can carry weights other than 1 (`data_fraction` < 1, or an
             allocation that re-weights even the full data, CluSTER's): then every loss path must apply them.
         strata (`tuple` of length `n_examples` or `None`): the `stratify_column` value of every example.
@@ -131,6 +133,7 @@ class RunFacts:
     token_digest: str | None = None
     model_config: dict | None = None
     n_dropped_by_preparation: int | None = None
+    feature_autocast: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,8 @@ from ._types import RunFacts
 logger = logging.getLogger(__name__)
 
 CACHE_ENV = "HF_CLUSTER_SELECT_CACHE"
-FEATURE_FIELDS = ("feature", "feature_context", "projection_dim", "feature_layers", "selection_seed")
+FEATURE_FIELDS = ("feature", "feature_context", "projection_dim", "feature_layers", "feature_precision",
+                  "selection_seed")
 SAMPLED_VALUES = 4096  # raw values hashed per parameter, evenly strided, besides its sum and sum of squares
 ARRAYS = ("features", "loss_tokens", "norms", "losses")
 # keys that differ between copies of one model (`architectures` is set by save_pretrained; the class is compared),

@@ -260,7 +260,7 @@ def _feature_pass(model, dataset, collator, *, config: ClusterSelectConfig, fact
         output = FEATURES.get(facts.feature)(
             model, dataset, local, collator, batch_size=batch_size, lengths=[int(lengths[i]) for i in local],
             projection_dim=config.feature_settings.projection_dim, projection_seed=config.selection_seed,
-            show_progress=show_progress, shift_labels=facts.shift_labels,
+            show_progress=show_progress, shift_labels=facts.shift_labels, autocast=facts.feature_autocast,
         )
     return local, output
 

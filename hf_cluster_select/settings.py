@@ -8,7 +8,8 @@ and each default is written once, here or next to the strategy that owns it.
 
 Every stage has a base class whose settings apply to all its strategies:
 
-- `FeatureSettings` (`feature`): `feature_context`, `projection_dim`, `feature_batch_size`, `feature_layers`.
+- `FeatureSettings` (`feature`): `feature_context`, `projection_dim`, `feature_batch_size`, `feature_layers`,
+  `feature_precision`.
 - `ClusteringSettings` (`cluster_method`): `pca_dim`, `cluster_sample_size`; subclasses add their own
   (`selection.kmeans_clusterer`, `selection.hdbscan_clusterer`).
 - `SelectionSettings` (`within_cluster`): `quota`, `near_duplicate_threshold`, `duplicate_weight`.
@@ -74,6 +75,8 @@ class FeatureSettings:
             batch size.
         feature_layers (`int`, *optional*): features from the first k transformer blocks (then the final norm and
             head); `None` = all blocks, except that `feature="auto"` on a language model takes round(2/3 · n_layers).
+        feature_precision (`str`, defaults to `"auto"`): the feature pass's forward in `"bf16"` (`torch.autocast`,
+            features accumulated in fp32) or `"fp32"`; `"auto"` = bf16 on CUDA, fp32 elsewhere.
     Raises:
         ValueError: for a value out of range (named).
     """
@@ -90,9 +93,15 @@ class FeatureSettings:
         "help": "Features from only the first k transformer blocks (then the model's final norm and head): about "
                 "k / n_layers of the feature pass; None = all blocks, except that feature='auto' on a language "
                 "model takes round(2/3 · n_layers)."})
+    feature_precision: str = field(default="auto", metadata={
+        "help": "Precision of the feature pass's forward: 'bf16' (torch.autocast; features and losses accumulated in "
+                "fp32), 'fp32', or 'auto' = bf16 on CUDA, fp32 elsewhere. On a CPU with AVX512-BF16 or AMX, 'bf16' "
+                "makes the pass about 3x cheaper (benchmarks/overhead.py).",
+        "choices": ["auto", "bf16", "fp32"]})
 
     def __post_init__(self) -> None:
         check_choice("feature_context", self.feature_context, choices_of(FeatureSettings, "feature_context"))
+        check_choice("feature_precision", self.feature_precision, choices_of(FeatureSettings, "feature_precision"))
         for name in ("projection_dim", "feature_batch_size", "feature_layers"):
             check_optional_int(name, getattr(self, name), 1)
 

@@ -48,10 +48,9 @@ def weighted_token_loss(
         )
     if example_weights.shape != (labels.shape[0],):
         raise ValueError(f"`example_weights` must have shape [{labels.shape[0]}], got {tuple(example_weights.shape)}.")
-    if shift:
-        logits = logits[:, :-1, :]
-        labels = labels[:, 1:]
     labels = labels.to(logits.device)
+    if shift:  # shift the labels, not the logits: no copy of a [batch, seq_len - 1, vocab] slice (as transformers)
+        labels = F.pad(labels[:, 1:], (0, 1), value=ignore_index)
     per_token = F.cross_entropy(
         logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=ignore_index, reduction="none"
     ).view(labels.shape)

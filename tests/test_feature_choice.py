@@ -120,3 +120,31 @@ def test_a_truncation_that_does_not_happen_is_not_reported(tokenizer):
     assert feature_used(model, "badge", 10) == ("badge", None) == feature_used(model, "badge", None)
     assert feature_used(model, "auto", None) == ("hidden_mean", 2)
     assert describe_feature(*feature_used(model, "badge", 3)) == "badge"
+
+
+def test_feature_precision_bf16_runs_the_pass_under_autocast(tokenizer, lm_dataset, collator):
+    """`feature_precision="bf16"` puts the feature pass under bf16 autocast on CPU (close to fp32, not equal); the
+    report names it; `"auto"` on CPU is fp32 (bit-equal to `"fp32"`); the cache identity tells them apart; a bad
+    value is refused naming the setting."""
+    from hf_cluster_select.feature_cache import feature_identity
+
+    model, n = lm(tokenizer, 3), 16
+    lengths = [len(lm_dataset[i]["input_ids"]) for i in range(n)]
+    rows, facts_of = {}, {}
+    for precision in ("auto", "fp32", "bf16"):
+        config = ClusterSelectConfig(strategy_kwargs={"feature_precision": precision})
+        facts = facts_of[precision] = resolve_run_facts(model, config, shift_labels=True)
+        rows[precision] = cached_or_computed_features(
+            model, lm_dataset.select(range(n)), collator, config=config, facts=facts, lengths=lengths,
+            batch_size=4, show_progress=False, cache=None, identity=None)[0]
+    assert [facts_of[p].feature_autocast for p in ("auto", "fp32", "bf16")] == [None, False, True]
+    assert facts_of["bf16"].feature_used == "hidden_mean after 2 blocks (bf16 forward)"
+    assert facts_of["auto"].feature_used == "hidden_mean after 2 blocks"
+    np.testing.assert_array_equal(rows["auto"], rows["fp32"])
+    cosine = (rows["bf16"] * rows["fp32"]).sum(1)  # rows are L2-normalised
+    assert 0.97 < cosine.min() and np.abs(rows["bf16"] - rows["fp32"]).max() > 1e-4  # bf16 ran, close to fp32
+    identities = {p: feature_identity(model, ClusterSelectConfig(strategy_kwargs={"feature_precision": p}),
+                                      facts_of[p], data_fingerprint="d") for p in ("fp32", "bf16")}
+    assert identities["fp32"]["settings"]["feature_precision"] == "fp32" and identities["fp32"] != identities["bf16"]
+    with pytest.raises(ValueError, match="feature_precision"):
+        ClusterSelectConfig(strategy_kwargs={"feature_precision": "fp16"})

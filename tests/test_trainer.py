@@ -169,6 +169,15 @@ def test_weighted_loss_equals_stock_with_unit_weights(tiny_lm, lm_dataset, colla
     single = weighted_token_loss(logits[2:3], batch["labels"][2:3], torch.ones(1), shift=True, num_items_in_batch=n_items)
     doubled = weighted_token_loss(logits, batch["labels"], weights, shift=True, num_items_in_batch=n_items)
     assert doubled.item() == pytest.approx(stock.item() + single.item(), rel=1e-5)
+    # the gradient with respect to the logits is transformers' (labels shifted, logits not copied): the last
+    # position gets none
+    leaf = logits.detach().requires_grad_(True)
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    ours_grad, = torch.autograd.grad(weighted_token_loss(leaf, batch["labels"], torch.ones(6), shift=True), leaf)
+    stock_grad, = torch.autograd.grad(ForCausalLMLoss(leaf, batch["labels"], leaf.shape[-1]), leaf)
+    torch.testing.assert_close(ours_grad, stock_grad, rtol=1e-5, atol=1e-8)
+    assert ours_grad[:, -1].abs().max().item() == 0.0 and ours_grad.abs().max().item() > 0
 
 
 def test_resume_gives_same_batches_and_weights(tmp_path, tiny_lm, lm_dataset, collator, _tiny_lm_base):

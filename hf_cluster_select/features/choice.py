@@ -69,12 +69,19 @@ def _depth(model: torch.nn.Module) -> int | None:
         return None
 
 
-def describe_feature(feature: str, feature_layers: int | None) -> str:
-    """`"hidden_mean after 20 blocks"` / `"badge"`: the resolved feature as the report and the card state it
-    (`feature_layers` as `effective_layers` gives it)."""
-    if feature_layers is None:
-        return feature
-    return f"{feature} after {feature_layers} block{'s' if feature_layers != 1 else ''}"
+def feature_autocast(feature_precision: str) -> bool | None:
+    """`head_pass.feature_pass`'s `autocast` for a `feature_precision` setting: `"bf16"` → True, `"fp32"` → False,
+    `"auto"` → None (bf16 when the pass runs on CUDA, decided on the device the model is on at that time; on CPU
+    bf16 pays only with AVX512-BF16 / AMX, so it is opt-in there)."""
+    return None if feature_precision == "auto" else feature_precision == "bf16"
+
+
+def describe_feature(feature: str, feature_layers: int | None, bf16: bool | None = None) -> str:
+    """`"hidden_mean after 20 blocks"` / `"badge"` / `"badge (bf16 forward)"`: the resolved feature as the report
+    and the card state it (`feature_layers` as `effective_layers` gives it)."""
+    text = feature if feature_layers is None else \
+        f"{feature} after {feature_layers} block{'s' if feature_layers != 1 else ''}"
+    return f"{text} (bf16 forward)" if bf16 else text
 
 
 def feature_used(model: torch.nn.Module, feature: str, feature_layers: int | None) -> tuple[str, int | None]:

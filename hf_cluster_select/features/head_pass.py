@@ -9,8 +9,9 @@ norm estimate importance sampling uses). Signals: `last_layer_grad.py` (CluSTER)
 
 Cost (the forward-only limit): batches are packed by padded tokens, longest first (`inputs.token_batches`); an LM
 head runs only at loss-bearing positions (`head_tokens.py`), so prompt tokens cost their transformer layers and no
-`[tokens, vocab]` logits; the signal sees the loss tokens' logits in 128 MiB chunks; on CUDA the pass runs under
-`torch.autocast` in bf16 (features and losses are accumulated in fp32); no KV cache is built and no activations are
+`[tokens, vocab]` logits; the signal sees the loss tokens' logits in 128 MiB chunks; on CUDA (or wherever
+`autocast=True`: `ClusterSelectConfig`'s `feature_precision="bf16"`) the pass runs under `torch.autocast` in bf16
+(features and losses are accumulated in fp32); no KV cache is built and no activations are
 kept (`torch.inference_mode()`, eval mode, so gradient checkpointing does not apply).
 """
 
