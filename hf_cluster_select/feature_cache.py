@@ -179,8 +179,7 @@ def collator_probe(collator: Any, dataset: Any) -> str | None:
                        "(%s: %s)", type(error).__name__, error)
         return f"collate failed on the probe ({type(error).__name__}): identified by class names only"
     finally:
-        random.setstate(python_state)
-        np.random.set_state(numpy_state)
+        random.setstate(python_state), np.random.set_state(numpy_state)
     return digest.hexdigest()
 
 

@@ -44,14 +44,13 @@ logger = logging.getLogger(__name__)
 def resolve_run_facts(model: torch.nn.Module, config: ClusterSelectConfig, *, shift_labels: bool,
                       strata: Sequence[Any] | None = None, token_digest: str | None = None,
                       model_config: dict | None = None, n_dropped_by_preparation: int | None = None) -> RunFacts:
-    """The facts of a run, resolved once: the feature for `model` (`feature="auto"` per model, blocks really run,
-    `features/choice.py`) and whether losses are weighted, with the facts the caller measured.
+    """The facts of a run, resolved once: the feature for `model` (`features/choice.py`: `feature="auto"` per model,
+    blocks really run, precision) and whether losses are weighted, with the facts the caller measured.
 
     Args:
         model (`torch.nn.Module`): the model the features come from (the feature model when there is one).
         config (`ClusterSelectConfig`): the selection settings.
-        shift_labels (`bool`): whether the model predicts `labels[t + 1]` at position `t`.
-        strata, token_digest, model_config, n_dropped_by_preparation: see `RunFacts`.
+        shift_labels (`bool`), strata, token_digest, model_config, n_dropped_by_preparation: see `RunFacts`.
     Returns:
         `RunFacts`.
     Raises:
