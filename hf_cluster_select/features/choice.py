@@ -78,7 +78,8 @@ def feature_autocast(feature_precision: str) -> bool | None:
 
 def describe_feature(feature: str, feature_layers: int | None, bf16: bool | None = None) -> str:
     """`"hidden_mean after 20 blocks"` / `"badge"` / `"badge (bf16 forward)"`: the resolved feature as the report
-    and the card state it (`feature_layers` as `effective_layers` gives it)."""
+    and the card state it (`feature_layers` as `effective_layers` gives it; `bf16` True = `feature_autocast`'s
+    explicit bf16, None = `"auto"`, whose precision depends on the device and is not named)."""
     text = feature if feature_layers is None else \
         f"{feature} after {feature_layers} block{'s' if feature_layers != 1 else ''}"
     return f"{text} (bf16 forward)" if bf16 else text
