@@ -190,7 +190,10 @@ def main(argv=None) -> int:
     result = {"commit": os.popen("git -C " + os.path.dirname(os.path.abspath(__file__))
                                  + " rev-parse --short HEAD").read().strip(),
               "environment": {"python": platform.python_version(), "torch": torch.__version__,
-                              "cpu_count": os.cpu_count(), "threads": torch.get_num_threads()}, "models": {}}
+                              "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
+                              "cpu": platform.processor() or platform.machine(),
+                              "cpu_avx512_bf16": bool(getattr(torch.cpu, "_is_avx512_bf16_supported", bool)())},
+              "models": {}}
     for name in args.models:
         task = quality_tasks.TASKS[MODELS[name][0]](args.quick)
         entry = {"task": task.name, "features": feature_costs(name, task, os.path.join(work, name))}

@@ -45,12 +45,12 @@ import torch
 from . import distributed
 from .config import ClusterSelectConfig
 from ._types import RunFacts
+from .features.choice import forward_in_bf16
 
 logger = logging.getLogger(__name__)
 
 CACHE_ENV = "HF_CLUSTER_SELECT_CACHE"
-FEATURE_FIELDS = ("feature", "feature_context", "projection_dim", "feature_layers", "feature_precision",
-                  "selection_seed")
+FEATURE_FIELDS = ("feature", "feature_context", "projection_dim", "feature_layers", "selection_seed")
 SAMPLED_VALUES = 4096  # raw values hashed per parameter, evenly strided, besides its sum and sum of squares
 ARRAYS = ("features", "loss_tokens", "norms", "losses")
 # keys that differ between copies of one model (`architectures` is set by save_pretrained; the class is compared),
@@ -144,7 +144,7 @@ def feature_identity(model: torch.nn.Module, config: ClusterSelectConfig, facts:
         "weights": _sha1(digests),
         "tokenizer": tokenizer_digest(tokenizer),
         "settings": {name: resolved[name] for name in FEATURE_FIELDS},
-        "resolved_feature": [facts.feature, facts.feature_layers],
+        "resolved_feature": [facts.feature, facts.feature_layers, forward_in_bf16(model, facts.feature_autocast)],
         "shift_labels": facts.shift_labels,
         "world_size": len(digests),
     }

@@ -30,7 +30,7 @@ from .batching.sampler import ClusterBatchSampler
 from .clock import PhaseClock
 from .config import ClusterSelectConfig
 from .feature_cache import FeatureCache, feature_identity
-from .features.choice import describe_feature, feature_autocast, feature_used
+from .features.choice import describe_feature, feature_autocast, feature_used, forward_in_bf16
 from .persistence import SavedSelection, config_differences, data_fingerprint, save_selection, validate_saved_selection
 from .pipeline import select_with_model
 from .reporting.report import SelectionReport
@@ -60,9 +60,9 @@ def resolve_run_facts(model: torch.nn.Module, config: ClusterSelectConfig, *, sh
     autocast = feature_autocast(config.feature_settings.feature_precision)
     weighted = config.data_fraction < 1.0 or get_allocation(config.allocation).weights_full_data
     return RunFacts(shift_labels=bool(shift_labels), feature=feature, feature_layers=layers, feature_autocast=autocast,
-                    feature_used=describe_feature(feature, layers, autocast), loss_weighted=bool(weighted),
-                    strata=None if strata is None else tuple(strata), token_digest=token_digest,
-                    model_config=model_config, n_dropped_by_preparation=n_dropped_by_preparation)
+                    feature_used=describe_feature(feature, layers, forward_in_bf16(model, autocast)),
+                    loss_weighted=bool(weighted), strata=None if strata is None else tuple(strata),
+                    token_digest=token_digest, model_config=model_config, n_dropped_by_preparation=n_dropped_by_preparation)
 
 
 class SelectionRun:

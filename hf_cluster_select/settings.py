@@ -76,7 +76,8 @@ class FeatureSettings:
         feature_layers (`int`, *optional*): features from the first k transformer blocks (then the final norm and
             head); `None` = all blocks, except that `feature="auto"` on a language model takes round(2/3 · n_layers).
         feature_precision (`str`, defaults to `"auto"`): the feature pass's forward in `"bf16"` (`torch.autocast`,
-            features accumulated in fp32) or `"fp32"`; `"auto"` = bf16 on CUDA, fp32 elsewhere.
+            features accumulated in fp32) or `"fp32"` (also under a Trainer's bf16 mixed precision); `"auto"` = bf16
+            on CUDA, fp32 elsewhere.
     Raises:
         ValueError: for a value out of range (named).
     """
@@ -95,8 +96,8 @@ class FeatureSettings:
                 "model takes round(2/3 · n_layers)."})
     feature_precision: str = field(default="auto", metadata={
         "help": "Precision of the feature pass's forward: 'bf16' (torch.autocast; features and losses accumulated in "
-                "fp32), 'fp32', or 'auto' = bf16 on CUDA, fp32 elsewhere. On a CPU with AVX512-BF16 or AMX, 'bf16' "
-                "makes the pass about 3x cheaper (benchmarks/overhead.py).",
+                "fp32), 'fp32' (also under a Trainer's bf16 mixed precision), or 'auto' = bf16 on CUDA, fp32 "
+                "elsewhere. On a CPU with AVX512-BF16, 'bf16' made the pass 2.6-2.8x cheaper (benchmarks/overhead.py).",
         "choices": ["auto", "bf16", "fp32"]})
 
     def __post_init__(self) -> None:

@@ -144,7 +144,41 @@ def test_feature_precision_bf16_runs_the_pass_under_autocast(tokenizer, lm_datas
     cosine = (rows["bf16"] * rows["fp32"]).sum(1)  # rows are L2-normalised
     assert 0.97 < cosine.min() and np.abs(rows["bf16"] - rows["fp32"]).max() > 1e-4  # bf16 ran, close to fp32
     identities = {p: feature_identity(model, ClusterSelectConfig(strategy_kwargs={"feature_precision": p}),
-                                      facts_of[p], data_fingerprint="d") for p in ("fp32", "bf16")}
-    assert identities["fp32"]["settings"]["feature_precision"] == "fp32" and identities["fp32"] != identities["bf16"]
+                                      facts_of[p], data_fingerprint="d") for p in ("auto", "fp32", "bf16")}
+    assert identities["auto"] == identities["fp32"] != identities["bf16"]  # the precision that runs, not the setting
+    assert identities["bf16"]["resolved_feature"] == ["hidden_mean", 2, True]
     with pytest.raises(ValueError, match="feature_precision"):
         ClusterSelectConfig(strategy_kwargs={"feature_precision": "fp16"})
+
+
+def test_fp32_features_stay_fp32_under_a_trainers_bf16_mixed_precision(tokenizer, lm_dataset, collator):
+    """accelerate's bf16 mixed precision wraps `model.forward` in autocast (`Trainer(bf16=True)`): the feature pass
+    bypasses that wrapper unless it runs in bf16 itself, so `"fp32"` / `"auto"` on CPU give the unprepared model's
+    fp32 features and `"bf16"` its bf16 ones; the wrapper is back afterwards."""
+    import copy
+
+    from accelerate import Accelerator
+
+    from accelerate.state import AcceleratorState
+
+    plain, n = lm(tokenizer, 3), 16
+    AcceleratorState._reset_state(reset_partial_state=True)  # a Trainer of an earlier test set another precision
+    try:
+        prepared = Accelerator(mixed_precision="bf16", cpu=True).prepare_model(copy.deepcopy(plain))
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    assert "_original_forward" in prepared.__dict__
+    wrapper = prepared.forward
+    lengths = [len(lm_dataset[i]["input_ids"]) for i in range(n)]
+
+    def features(model, precision):
+        config = ClusterSelectConfig(strategy_kwargs={"feature_precision": precision})
+        return cached_or_computed_features(
+            model, lm_dataset.select(range(n)), collator, config=config,
+            facts=resolve_run_facts(model, config, shift_labels=True), lengths=lengths, batch_size=4,
+            show_progress=False, cache=None, identity=None)[0]
+
+    for precision in ("fp32", "auto", "bf16"):
+        np.testing.assert_array_equal(features(prepared, precision), features(plain, precision))
+    assert not np.allclose(features(prepared, "fp32"), features(prepared, "bf16"), atol=1e-4)
+    assert prepared.forward == wrapper

@@ -76,10 +76,18 @@ def feature_autocast(feature_precision: str) -> bool | None:
     return None if feature_precision == "auto" else feature_precision == "bf16"
 
 
+def forward_in_bf16(model: torch.nn.Module, autocast: bool | None) -> bool:
+    """Whether the feature pass runs `model`'s forward in bf16: `autocast` when set (`feature_autocast`), else
+    (`"auto"`) whether the model's parameters are on CUDA now."""
+    if autocast is not None:
+        return bool(autocast)
+    parameter = next(model.parameters(), None)
+    return parameter is not None and parameter.device.type == "cuda"
+
+
 def describe_feature(feature: str, feature_layers: int | None, bf16: bool | None = None) -> str:
     """`"hidden_mean after 20 blocks"` / `"badge"` / `"badge (bf16 forward)"`: the resolved feature as the report
-    and the card state it (`feature_layers` as `effective_layers` gives it; `bf16` True = `feature_autocast`'s
-    explicit bf16, None = `"auto"`, whose precision depends on the device and is not named)."""
+    and the card state it (`feature_layers` as `effective_layers` gives it; `bf16` as `forward_in_bf16` gives it)."""
     text = feature if feature_layers is None else \
         f"{feature} after {feature_layers} block{'s' if feature_layers != 1 else ''}"
     return f"{text} (bf16 forward)" if bf16 else text

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .choice import forward_in_bf16
 from .head_tokens import HeadTokens, _forward_keys, head_tokens, install_hooks, resolve_head
 from .inputs import token_batches, validate_inputs
 from .projection import RandomProjection
@@ -168,7 +169,8 @@ def feature_pass(
         gather_loss_positions (`bool`, *optional*, defaults to `True`): apply an LM head only at the loss-bearing
             positions (exact: the same rows of the same head; `False` = the model's full logits, for comparison).
         autocast (`bool`, *optional*): run the forward under `torch.autocast(dtype=torch.bfloat16)`; `None` = on CUDA
-            only.
+            only. Otherwise the forward runs with autocast switched off, also under a Trainer's bf16 mixed precision
+            (accelerate's autocast wrapper of `forward` is bypassed for the pass).
     Returns:
         `FeatureOutput`: features `[n, dim]`, loss-token counts `[n]`, raw norms `[n]`, mean losses `[n]`, seconds.
     Raises:
@@ -184,7 +186,8 @@ def feature_pass(
     batches = token_batches(lengths, batch_size)
     captured: dict[str, Any] = {}
     rows = _FeatureRows(len(indices))
-    with _eval_with_hooks(model, head, captured), torch.inference_mode(), cast:
+    with _eval_with_hooks(model, head, captured), torch.inference_mode(), cast, \
+            _forward_without_mixed_precision(model, forward_in_bf16(model, autocast)):
         for positions in tqdm(batches, desc=desc, disable=not show_progress):
             batch = collate_fn([dataset[indices[k]] for k in positions])
             tokens = head_tokens(model, batch, captured, accepted, device, shift_labels, token_level,
@@ -198,13 +201,31 @@ def feature_pass(
 
 def _device_and_autocast(model: torch.nn.Module, autocast: bool | None) -> tuple[torch.device, Any]:
     """The model's device (CPU without parameters) and the context of its forward: `torch.autocast` in bf16 when
-    `autocast` is True, or None on CUDA; otherwise a null context."""
+    `forward_in_bf16` says so, else an autocast switched off (so a Trainer's bf16 mixed precision does not leak into
+    an fp32 pass; on a device without autocast, a null context)."""
     parameter = next(model.parameters(), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
-    use_autocast = device.type == "cuda" if autocast is None else bool(autocast)
-    cast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16) if use_autocast
-            else contextlib.nullcontext())
-    return device, cast
+    if forward_in_bf16(model, autocast):
+        return device, torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    if device.type in ("cpu", "cuda"):
+        return device, torch.autocast(device_type=device.type, enabled=False)
+    return device, contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _forward_without_mixed_precision(model: torch.nn.Module, bf16: bool) -> Iterator[None]:
+    """With `bf16` False, the model's own `forward` instead of the autocast wrapper `accelerate` installs for mixed
+    precision (`Accelerator.prepare` keeps the original as `_original_forward`), restored on exit."""
+    wrapped = model.__dict__.get("forward")
+    original = model.__dict__.get("_original_forward")
+    if bf16 or wrapped is None or original is None:
+        yield
+        return
+    model.forward = original
+    try:
+        yield
+    finally:
+        model.forward = wrapped
 
 
 @contextlib.contextmanager
