@@ -341,8 +341,8 @@ class SelectionRun:
         if changed:
             raise ValueError(
                 "the selection saved in the checkpoint was made with other selection settings ("
-                + "; ".join(changed) + "); resume with the same `cluster_config`, or start a new run (no "
-                "`resume_from_checkpoint`) to select again."
+                + "; ".join(changed) + "); resume with the same `cluster_config`, or start a new run (without "
+                "`resume_from_checkpoint` or `selection=`) to select again."
             )
         if check_model and saved.extra.get("model_config") and self.facts.model_config:
             old, new = saved.extra["model_config"], self.facts.model_config
@@ -352,7 +352,7 @@ class SelectionRun:
                 raise ValueError(
                     "the selection saved in the checkpoint was made for another model (" + "; ".join(changed[:6])
                     + ("; …" if len(changed) > 6 else "") + "); resume with the model of that run, or start a new "
-                    "run (no `resume_from_checkpoint`) to select again."
+                    "run (without `resume_from_checkpoint` or `selection=`) to select again."
                 )
 
     @property
