@@ -178,10 +178,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--epochs", type=float, nargs="+", default=[1, 3])
-    parser.add_argument("--quick", action="store_true", help="tiny pools, 1 epoch (a smoke run; writes no JSON)")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny pools, 1 epoch (a smoke run; writes JSON only to an explicit --out)")
     bench_io.add_report_option(parser)
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                      "overhead.json"))
+    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/overhead.json)")
     args = parser.parse_args(argv)
     if bench_io.print_report(args.report, markdown):
         return 0
@@ -201,8 +201,9 @@ def main(argv=None) -> int:
                                (args.epochs[:1] if args.quick else args.epochs)]
         result["models"][name] = entry
         print(json.dumps({name: entry}, indent=1), flush=True)
-    if not args.quick:
-        bench_io.write_json(args.out, result)
+    if args.out or not args.quick:
+        bench_io.write_json(args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                                     "overhead.json"), result)
     return 0
 
 
