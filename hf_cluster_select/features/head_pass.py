@@ -182,12 +182,13 @@ def feature_pass(
     indices, lengths = validate_inputs(model, dataset, indices, collate_fn, batch_size, lengths, projection)
     head, token_level = resolve_head(model)
     accepted = _forward_keys(model)
-    device, cast = _device_and_autocast(model, autocast)
+    bf16 = forward_in_bf16(model, autocast)
+    device, cast = _device_and_autocast(model, bf16)
     batches = token_batches(lengths, batch_size)
     captured: dict[str, Any] = {}
     rows = _FeatureRows(len(indices))
     with _eval_with_hooks(model, head, captured), torch.inference_mode(), cast, \
-            _forward_without_mixed_precision(model, forward_in_bf16(model, autocast)):
+            _forward_without_mixed_precision(model, bf16):
         for positions in tqdm(batches, desc=desc, disable=not show_progress):
             batch = collate_fn([dataset[indices[k]] for k in positions])
             tokens = head_tokens(model, batch, captured, accepted, device, shift_labels, token_level,
@@ -199,13 +200,13 @@ def feature_pass(
     return rows.output(time.perf_counter() - start_time)
 
 
-def _device_and_autocast(model: torch.nn.Module, autocast: bool | None) -> tuple[torch.device, Any]:
+def _device_and_autocast(model: torch.nn.Module, bf16: bool) -> tuple[torch.device, Any]:
     """The model's device (CPU without parameters) and the context of its forward: `torch.autocast` in bf16 when
-    `forward_in_bf16` says so, else an autocast switched off (so a Trainer's bf16 mixed precision does not leak into
+    `bf16` (`forward_in_bf16`), else an autocast switched off (so a Trainer's bf16 mixed precision does not leak into
     an fp32 pass; on a device without autocast, a null context)."""
     parameter = next(model.parameters(), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
-    if forward_in_bf16(model, autocast):
+    if bf16:
         return device, torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     if device.type in ("cpu", "cuda"):
         return device, torch.autocast(device_type=device.type, enabled=False)
