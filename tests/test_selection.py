@@ -317,3 +317,36 @@ def test_strata_get_their_proportional_share_inside_one_cluster():
         chosen = select_from_labels(labels, points, data_fraction=0.25, within_cluster=rule, strata=strata)
         assert np.bincount((strata[chosen.indices] == "b").astype(int)).tolist() == [8, 2], rule
         assert chosen.labels.tolist() == [0] * 10 and chosen.weights.sum() == pytest.approx(40)
+
+
+def test_drop_loss_outliers_drops_high_loss_members_then_takes_medoids():
+    """Losses 1, 1.1, 0.9, 1.0, 5.0, 1.2: median 1.05, MAD 0.1, so 5.0 (z 26.6) and 1.2 (z 1.01) are outliers at
+    z > 1; facility location over positions 0 1 2 3 (points 0 1 2 10) picks 1, then 3; each stands for 3 of 6."""
+    from hf_cluster_select.selection import WITHIN_CLUSTER_RULES
+    from hf_cluster_select.selection.signal_rules import loss_outlier_scores
+
+    rule = WITHIN_CLUSTER_RULES.get("drop_loss_outliers")
+    points = np.array([[0.0], [1.0], [2.0], [10.0], [11.0], [12.0]])
+    losses = np.array([1.0, 1.1, 0.9, 1.0, 5.0, 1.2])
+    assert np.allclose(loss_outlier_scores(losses), 0.6745 * (losses - 1.05) / 0.1)
+    positions, weights = rule(points, 2, np.random.default_rng(0), losses=losses)
+    assert positions.tolist() == [1, 3] and weights.tolist() == [3.0, 3.0]
+    positions, _ = rule(points, 5, np.random.default_rng(0), losses=losses)  # readmits the least outlying (1.2)
+    assert sorted(positions.tolist()) == [0, 1, 2, 3, 5]
+    positions, _ = rule(points, 2, np.random.default_rng(0))  # no losses: plain facility location
+    assert positions.tolist() == [2, 4]
+    assert not loss_outlier_scores(np.ones(4)).any()  # MAD 0: nothing is an outlier
+
+
+def test_drop_loss_outliers_through_select_from_labels_keeps_the_budget_and_skips_noisy_rows():
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(4), 50)
+    points = rng.normal(size=(200, 3))
+    losses = rng.normal(1.0, 0.1, size=200)
+    noisy = rng.choice(200, size=20, replace=False)
+    losses[noisy] += 3.0
+    chosen = select_from_labels(labels, points, data_fraction=0.3, within_cluster="drop_loss_outliers", seed=0,
+                                losses=losses)
+    assert chosen.n_kept == 60 and abs(chosen.weights.sum() - 200) < 1e-9
+    assert not np.isin(chosen.indices, noisy).any()
+    assert np.bincount(chosen.labels, minlength=4).tolist() == [15, 15, 15, 15]

@@ -4,18 +4,56 @@ Same contract as `within_cluster.py`. Sources: dropping the hardest examples, co
 Zheng et al., ICLR 2023); importance sampling with inverse-probability weights, which keeps the weighted gradient
 unbiased while lowering its variance (Alain et al. 2015; Katharopoulos & Fleuret, ICML 2018). `norms` are the raw
 feature norms (`FeatureOutput.norms`, the gradient-norm estimate), `losses` the warm-up losses
-(`FeatureOutput.losses`); without them each rule falls back as its docstring says.
+(`FeatureOutput.losses`); without them each rule falls back as its docstring says. Loss outliers within a cluster:
+the modified z-score of Iglewicz & Hoaglin (1993), in the spirit of noise-aware selection that skips examples a
+warmed model finds unlearnable (RHO-LOSS, Mindermann et al., ICML 2022).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .coverage_rules import distance_stratified
+from .coverage_rules import distance_stratified, facility_location
 from .within_cluster import WITHIN_CLUSTER_RULES, _uniform, random
 
 DROP_HARDEST = 0.05  # share of a cluster dropped as the hardest (likely mislabeled) examples
 IMPORTANCE_MIX = 0.5  # sampling probability: this share uniform, the rest in proportion to the score
+LOSS_OUTLIER_Z = 1.0  # modified z-score of the warm-up loss above which a member is dropped from its cluster
+
+
+def loss_outlier_scores(losses) -> np.ndarray:
+    """Modified z-score of every member's warm-up loss within its cluster, `0.6745 · (loss − median) / MAD`
+    (Iglewicz & Hoaglin 1993; MAD = median absolute deviation), float64 `[n_c]`; all zeros when MAD = 0.
+
+    Args:
+        losses (array-like of shape `[n_c]`): warm-up losses (nats) of one cluster's members.
+    """
+    losses = np.asarray(losses, dtype=np.float64).reshape(-1)
+    median = np.median(losses)
+    mad = np.median(np.abs(losses - median))
+    return np.zeros_like(losses) if mad <= 0 else 0.6745 * (losses - median) / mad
+
+
+@WITHIN_CLUSTER_RULES.register("drop_loss_outliers")
+def drop_loss_outliers(points, keep, rng, norms=None, losses=None, z: float = LOSS_OUTLIER_Z):
+    """Noise-aware facility location: drop the members whose warm-up loss is an outlier for their cluster
+    (`loss_outlier_scores` > `z`; never fewer than `keep` left: the least outlying are readmitted first), then
+    greedy medoids of the rest, each weighted `n_c / keep` (the dropped members' weight moves to the kept ones, so
+    the kept set stands for the cluster's learnable members).
+
+    A mislabeled example is one the warmed model finds hard *for its cluster*: on 20 Newsgroups with 40 % of the
+    labels replaced, within-cluster scores separate the wrong labels (AUROC 0.74 after a 20-step warm-up, 0.57 after
+    the default 3 steps) better than the raw loss (0.64 / 0.56; `benchmarks/README.md`, "Noisy and redundant pools").
+    Without losses (a truncated language-model feature pass keeps none) it is `facility_location`.
+    """
+    n_c = points.shape[0]
+    if losses is None:
+        return facility_location(points, keep, rng)
+    scores = loss_outlier_scores(losses)
+    n_left = max(int(keep), int((scores <= z).sum()))
+    left = np.sort(np.lexsort((np.arange(n_c), scores))[:n_left])
+    positions, _ = facility_location(points[left], keep, rng)
+    return _uniform(left[positions], n_c)
 
 
 @WITHIN_CLUSTER_RULES.register("drop_hard_random")
