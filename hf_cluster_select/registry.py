@@ -19,10 +19,13 @@ in `hf_cluster_select.settings`), before building the config:
         offset: int = 0
 
     @WITHIN_CLUSTER_RULES.register("first_k", settings=FirstKSettings)
-    def first_k(points, keep, rng, norms=None, losses=None):
-        return np.arange(keep), np.full(keep, points.shape[0] / keep)
+    def first_k(points, keep, rng, norms=None, losses=None, offset=0):
+        return np.arange(offset, offset + keep) % points.shape[0], np.full(keep, points.shape[0] / keep)
 
     ClusterSelectConfig(within_cluster="first_k", strategy_kwargs={"offset": 2})
+
+A within-cluster rule is called with its own settings (the fields its settings class adds to the stage's base) as
+keyword arguments; a clusterer reads its own from the config it is handed (`config.cluster_settings`).
 """
 
 from __future__ import annotations

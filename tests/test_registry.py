@@ -142,3 +142,55 @@ def test_registering_a_builtin_name_first_fails_at_once_and_leaves_the_registry_
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["refused: target_rule strategy 'top_k_cosine' is already registered.",
                                         "relevant_sample"]
+
+
+def test_a_user_rule_is_called_with_its_own_settings():
+    """The registry docstring's `first_k` with `offset`: the setting given in `strategy_kwargs` reaches the rule."""
+    from dataclasses import dataclass
+
+    from hf_cluster_select.selection import cluster_features, select_subset
+    from hf_cluster_select.settings import SelectionSettings
+
+    @dataclass(frozen=True)
+    class OffsetSettings(SelectionSettings):
+        offset_for_test: int = 0
+
+    seen = []
+
+    @WITHIN_CLUSTER_RULES.register("offset_k_for_test", settings=OffsetSettings)
+    def offset_k(points, keep, rng, norms=None, losses=None, offset_for_test=0):
+        seen.append(offset_for_test)
+        return np.arange(offset_for_test, offset_for_test + keep) % points.shape[0], np.full(keep, points.shape[0] / keep)
+
+    try:
+        angle = 0.05 * np.arange(6)
+        features = np.r_[np.c_[np.cos(angle), np.sin(angle), 0 * angle], np.c_[0 * angle, np.cos(angle), np.sin(angle)]]
+        result = cluster_features(features, ClusterSelectConfig(cluster_method="kmeans",
+                                                                strategy_kwargs={"kmeans_n_clusters": 2}))
+        config = ClusterSelectConfig(within_cluster="offset_k_for_test", data_fraction=0.5,
+                                     strategy_kwargs={"offset_for_test": 5})
+        chosen = select_subset(result, config)
+        assert seen == [5, 5] and chosen.indices.tolist() == [0, 1, 5, 6, 7, 11]  # members 5, 0, 1 of each blob
+        assert chosen.weights.tolist() == [2.0] * 6
+    finally:
+        del WITHIN_CLUSTER_RULES._entries["offset_k_for_test"], WITHIN_CLUSTER_RULES._settings["offset_k_for_test"]
+
+
+def test_drop_loss_outliers_takes_its_threshold_from_strategy_kwargs():
+    """Two clusters of 9 on arcs (features are L2-normalised). The first's losses 1.0 … 1.7 and 9.0 (median 1.4, MAD 0.2): z > 1 drops rows 7
+    (z 1.01) and 8; the second's are all 1.0 (MAD 0: none dropped). A huge z drops none: plain facility location."""
+    from hf_cluster_select.selection import cluster_features, select_subset
+
+    angle = 0.05 * np.arange(9)
+    features = np.r_[np.c_[np.cos(angle), np.sin(angle), 0 * angle], np.c_[0 * angle, np.cos(angle), np.sin(angle)]]
+    losses = np.r_[1.0 + 0.1 * np.arange(8), 9.0, np.ones(9)]
+    result = cluster_features(features, ClusterSelectConfig(cluster_method="kmeans", strategy_kwargs={
+                                                            "kmeans_n_clusters": 2, "pca_dim": None}))
+    pick = {z: select_subset(result, ClusterSelectConfig(
+        within_cluster="drop_loss_outliers", data_fraction=6 / 18, strategy_kwargs={"loss_outlier_z": z}),
+        losses=losses).indices.tolist() for z in (1.0, 1000.0)}
+    plain = select_subset(result, ClusterSelectConfig(within_cluster="facility_location", data_fraction=6 / 18),
+                          losses=losses).indices.tolist()
+    assert pick[1000.0] == plain and len(pick[1.0]) == 6
+    assert not {7, 8} & set(pick[1.0]) and {7, 8} & set(plain)  # the outliers were plain's picks, now dropped
+    assert [i for i in pick[1.0] if i >= 9] == [i for i in plain if i >= 9]  # the flat cluster is unchanged

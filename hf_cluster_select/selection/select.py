@@ -30,6 +30,7 @@ Details of `select_from_labels`:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from typing import Any
@@ -138,6 +139,7 @@ def select_from_labels(
     lengths: Any = None,
     budget_unit: str = ClusterSelectConfig.budget_unit,
     duplicate_weight: str = SelectionSettings.duplicate_weight,
+    rule_settings: dict[str, Any] | None = None,
 ) -> Selection:
     """Keep exactly `selection_budget(n, data_fraction)` examples (or about that share of the tokens), spread over
     clusters and weighted.
@@ -165,6 +167,8 @@ def select_from_labels(
         lengths (array-like of shape `[n_examples]`, int >= 1, *optional*): tokens of every example; required for
             `budget_unit="tokens"`.
         budget_unit (`str`, *optional*, defaults to `ClusterSelectConfig.budget_unit`): `"examples"` or `"tokens"`.
+        rule_settings (`dict`, *optional*): keyword arguments of the within-cluster rule, its own settings
+            (`rule_settings_of(config)`: e.g. `{"loss_outlier_z": 2.0}` for `"drop_loss_outliers"`).
     Returns:
         `Selection`: kept `indices` `[m]` (int64, sorted ascending), `weights` `[m]` (float64, `|C_c| / kept_c`,
         summing to n), `labels` `[m]` of the kept examples, `n_total` = n, and `stage_seconds` (wall-clock seconds
@@ -203,7 +207,7 @@ def select_from_labels(
         quotas = _quotas(unit_sizes, budget, quota, None if stratum_of is None else stratum_of[clusters])
     with timed(stages, "within_cluster"):
         pick_for = functools.partial(_member_picker, rule, within_cluster, seed, points=points, norms=norms,
-                                     losses=losses)
+                                     losses=losses, rule_settings=rule_settings)
         indices, weights = _select_in_cells(position, units, copies, clusters, sizes, quotas, pick_for,
                                             cost if budget_unit == "tokens" else None)
     with timed(stages, "weights"):
@@ -331,16 +335,25 @@ def _select_in_cells(position: np.ndarray, units: np.ndarray, copies: np.ndarray
     return np.concatenate(kept_parts), np.concatenate(weight_parts)
 
 
+def rule_settings_of(config: ClusterSelectConfig) -> dict[str, Any]:
+    """The within-cluster rule's own settings, the keyword arguments it is called with: the fields of its settings
+    class (registered with `settings=`) that the base `SelectionSettings` lacks, with their resolved values."""
+    shared = {f.name for f in dataclasses.fields(SelectionSettings)}
+    settings = config.selection_settings
+    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name not in shared}
+
+
 def _member_picker(rule, within_cluster: str, seed: int, cluster: int, members: np.ndarray, *,
-                   points: np.ndarray | None, norms: np.ndarray | None, losses: np.ndarray | None):
+                   points: np.ndarray | None, norms: np.ndarray | None, losses: np.ndarray | None,
+                   rule_settings: dict[str, Any] | None = None):
     """`pick(count) -> (positions, weights)`: the rule's choice of `count` of one cluster's `members`, checked;
-    its RNG is seeded by (`seed`, `cluster`)."""
+    its RNG is seeded by (`seed`, `cluster`); `rule_settings` are passed to the rule as keyword arguments."""
 
     def pick(count: int) -> tuple[np.ndarray, np.ndarray]:
         rng = np.random.default_rng([int(seed) % 2**64, int(cluster) % 2**64])
         chosen, weights = rule(np.zeros((members.size, 0)) if points is None else points[members], count, rng,
                                norms=None if norms is None else norms[members],
-                               losses=None if losses is None else losses[members])
+                               losses=None if losses is None else losses[members], **(rule_settings or {}))
         return _checked(chosen, weights, members.size, count, within_cluster)
 
     return pick
@@ -386,4 +399,5 @@ def select_subset(result: ClusteringResult, config: ClusterSelectConfig, *, norm
         lengths=lengths,
         budget_unit=config.budget_unit,
         duplicate_weight=config.selection_settings.duplicate_weight,
+        rule_settings=rule_settings_of(config),
     )

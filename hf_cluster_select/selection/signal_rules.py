@@ -11,14 +11,40 @@ warmed model finds unlearnable (RHO-LOSS, Mindermann et al., ICML 2022).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
+from ..settings import SelectionSettings
 from .coverage_rules import distance_stratified, facility_location
 from .within_cluster import WITHIN_CLUSTER_RULES, _uniform, random
 
 DROP_HARDEST = 0.05  # share of a cluster dropped as the hardest (likely mislabeled) examples
 IMPORTANCE_MIX = 0.5  # sampling probability: this share uniform, the rest in proportion to the score
 LOSS_OUTLIER_Z = 1.0  # modified z-score of the warm-up loss above which a member is dropped from its cluster
+
+
+@dataclass(frozen=True)
+class LossOutlierSettings(SelectionSettings):
+    """Settings of `within_cluster="drop_loss_outliers"`.
+
+    Attributes:
+        loss_outlier_z (`float`, defaults to `1.0`): modified z-score of the warm-up loss within the cluster above
+            which a member is dropped (`loss_outlier_scores`); > 0. Larger drops fewer.
+    Raises:
+        ValueError: if `loss_outlier_z` is not a number > 0.
+    """
+
+    loss_outlier_z: float = field(default=LOSS_OUTLIER_Z, metadata={
+        "help": "drop_loss_outliers: modified z-score of the warm-up loss within a cluster above which a member "
+                "is dropped (> 0; larger drops fewer)."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        value = self.loss_outlier_z
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"`loss_outlier_z` must be a number > 0, got {value!r}.")
+        object.__setattr__(self, "loss_outlier_z", float(value))
 
 
 def loss_outlier_scores(losses) -> np.ndarray:
@@ -34,10 +60,10 @@ def loss_outlier_scores(losses) -> np.ndarray:
     return np.zeros_like(losses) if mad <= 0 else 0.6745 * (losses - median) / mad
 
 
-@WITHIN_CLUSTER_RULES.register("drop_loss_outliers")
-def drop_loss_outliers(points, keep, rng, norms=None, losses=None, z: float = LOSS_OUTLIER_Z):
+@WITHIN_CLUSTER_RULES.register("drop_loss_outliers", settings=LossOutlierSettings)
+def drop_loss_outliers(points, keep, rng, norms=None, losses=None, loss_outlier_z: float = LOSS_OUTLIER_Z):
     """Noise-aware facility location: drop the members whose warm-up loss is an outlier for their cluster
-    (`loss_outlier_scores` > `z`; never fewer than `keep` left: the least outlying are readmitted first), then
+    (`loss_outlier_scores` > `loss_outlier_z`; never fewer than `keep` left: the least outlying are readmitted first), then
     greedy medoids of the rest, each weighted `n_c / keep` (the dropped members' weight moves to the kept ones, so
     the kept set stands for the cluster's learnable members).
 
@@ -50,7 +76,7 @@ def drop_loss_outliers(points, keep, rng, norms=None, losses=None, z: float = LO
     if losses is None:
         return facility_location(points, keep, rng)
     scores = loss_outlier_scores(losses)
-    n_left = max(int(keep), int((scores <= z).sum()))
+    n_left = max(int(keep), int((scores <= loss_outlier_z).sum()))
     left = np.sort(np.lexsort((np.arange(n_c), scores))[:n_left])
     positions, _ = facility_location(points[left], keep, rng)
     return _uniform(left[positions], n_c)
