@@ -30,7 +30,6 @@ Details of `select_from_labels`:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from typing import Any
@@ -43,7 +42,7 @@ from ..config import BUDGET_UNITS, ClusterSelectConfig
 from ..settings import SelectionSettings, check_choice, choices_of
 from .budget import selection_budget
 from .quotas import cluster_quotas
-from .within_cluster import WITHIN_CLUSTER_RULES
+from .within_cluster import WITHIN_CLUSTER_RULES, rule_settings_of
 
 
 def _per_example(name: str, values: Any, n_total: int) -> np.ndarray:
@@ -168,7 +167,7 @@ def select_from_labels(
             `budget_unit="tokens"`.
         budget_unit (`str`, *optional*, defaults to `ClusterSelectConfig.budget_unit`): `"examples"` or `"tokens"`.
         rule_settings (`dict`, *optional*): keyword arguments of the within-cluster rule, its own settings
-            (`rule_settings_of(config)`: e.g. `{"loss_outlier_z": 2.0}` for `"drop_loss_outliers"`).
+            (`within_cluster.rule_settings_of(config)`: e.g. `{"loss_outlier_z": 2.0}` for `"drop_loss_outliers"`).
     Returns:
         `Selection`: kept `indices` `[m]` (int64, sorted ascending), `weights` `[m]` (float64, `|C_c| / kept_c`,
         summing to n), `labels` `[m]` of the kept examples, `n_total` = n, and `stage_seconds` (wall-clock seconds
@@ -333,14 +332,6 @@ def _select_in_cells(position: np.ndarray, units: np.ndarray, copies: np.ndarray
         kept_parts.append(members[positions])
         weight_parts.append(weights * (size / weights.sum()))
     return np.concatenate(kept_parts), np.concatenate(weight_parts)
-
-
-def rule_settings_of(config: ClusterSelectConfig) -> dict[str, Any]:
-    """The within-cluster rule's own settings, the keyword arguments it is called with: the fields of its settings
-    class (registered with `settings=`) that the base `SelectionSettings` lacks, with their resolved values."""
-    shared = {f.name for f in dataclasses.fields(SelectionSettings)}
-    settings = config.selection_settings
-    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name not in shared}
 
 
 def _member_picker(rule, within_cluster: str, seed: int, cluster: int, members: np.ndarray, *,

@@ -17,7 +17,8 @@ from .budget import selection_budget
 from .duplicates import duplicate_groups
 from .quotas import cluster_quotas
 from .sampled import coarse_count, split_group
-from .select import _checked_points, _member_picker, _select_in_cells, rule_settings_of
+from .select import _checked_points, _member_picker, _select_in_cells
+from .within_cluster import rule_settings_of
 from .within_cluster import WITHIN_CLUSTER_RULES
 
 

@@ -13,11 +13,14 @@ geometry sets `needs_points = False` and then gets `points` of shape `[n_c, 0]`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from ..registry import WITHIN_CLUSTER_RULES
+from ..settings import SelectionSettings
 
 WithinClusterRule = Callable[..., tuple[np.ndarray, np.ndarray]]
 
@@ -58,3 +61,15 @@ def random(points, keep, rng, norms=None, losses=None):
 
 
 random.needs_points = False
+
+
+def rule_settings_of(config: Any) -> dict[str, Any]:
+    """The within-cluster rule's own settings, the keyword arguments it is called with: the fields of its settings
+    class (registered with `settings=`) that the base `SelectionSettings` lacks, with their resolved values.
+
+    Args:
+        config (`ClusterSelectConfig`): the run's config; its `selection_settings` are read.
+    """
+    shared = {f.name for f in dataclasses.fields(SelectionSettings)}
+    settings = config.selection_settings
+    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name not in shared}
