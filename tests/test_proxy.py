@@ -168,3 +168,27 @@ def test_train_on_a_saved_selection(tmp_path, tokenizer, tiny_lm, lm_dataset, co
         ClusterTrainer(model=other_model, args=args, train_dataset=lm_dataset, selection=str(tmp_path / "empty"))
     with pytest.raises(TypeError, match="`selection` must be"):
         ClusterTrainer(model=other_model, args=args, train_dataset=lm_dataset, selection=3)
+
+
+def test_a_loss_rule_on_a_truncated_pass_warns_and_selects_as_facility_location(tmp_path, tiny_lm, lm_dataset,
+                                                                                 collator, caplog):
+    """feature="auto" on a language model runs a truncated pass that keeps no losses: `drop_loss_outliers` says so
+    and keeps exactly what `facility_location` keeps."""
+    import copy
+    import logging
+
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, num_train_epochs=1,
+                             report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, warmup_steps=0)
+    kept = {}
+    for rule in ("drop_loss_outliers", "facility_location"):
+        trainer = ClusterTrainer(model=copy.deepcopy(tiny_lm), args=args, train_dataset=lm_dataset,
+                                 data_collator=collator,
+                                 cluster_config=ClusterSelectConfig(data_fraction=0.5, selection_warmup_steps=0,
+                                                                    within_cluster=rule, feature_cache=False,
+                                                                    strategy_kwargs={"feature_layers": 1}))
+        with caplog.at_level(logging.WARNING, logger="hf_cluster_select.pipeline"):
+            trainer.train()
+        kept[rule] = trainer.selection.indices.tolist()
+        assert ("needs per-example losses" in caplog.text) == (rule == "drop_loss_outliers")
+        caplog.clear()
+    assert kept["drop_loss_outliers"] == kept["facility_location"] and len(kept["facility_location"]) > 0

@@ -350,3 +350,13 @@ def test_drop_loss_outliers_through_select_from_labels_keeps_the_budget_and_skip
     assert chosen.n_kept == 60 and abs(chosen.weights.sum() - 200) < 1e-9
     assert not np.isin(chosen.indices, noisy).any()
     assert np.bincount(chosen.labels, minlength=4).tolist() == [15, 15, 15, 15]
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("inf"), float("nan"), True, "2", None])
+def test_loss_outlier_z_must_be_a_finite_positive_number(bad):
+    from hf_cluster_select import ClusterSelectConfig
+
+    with pytest.raises(ValueError, match="`loss_outlier_z` must be a finite number > 0"):
+        ClusterSelectConfig(within_cluster="drop_loss_outliers", strategy_kwargs={"loss_outlier_z": bad})
+    config = ClusterSelectConfig(within_cluster="drop_loss_outliers", strategy_kwargs={"loss_outlier_z": np.int64(2)})
+    assert config.selection_settings.loss_outlier_z == 2.0

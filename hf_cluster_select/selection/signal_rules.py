@@ -11,6 +11,8 @@ warmed model finds unlearnable (RHO-LOSS, Mindermann et al., ICML 2022).
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,7 +32,7 @@ class LossOutlierSettings(SelectionSettings):
 
     Attributes:
         loss_outlier_z (`float`, defaults to `1.0`): modified z-score of the warm-up loss within the cluster above
-            which a member is dropped (`loss_outlier_scores`); > 0. Larger drops fewer.
+            which a member is dropped (`loss_outlier_scores`); finite, > 0. Larger drops fewer.
     Raises:
         ValueError: if `loss_outlier_z` is not a number > 0.
     """
@@ -42,8 +44,8 @@ class LossOutlierSettings(SelectionSettings):
     def __post_init__(self) -> None:
         super().__post_init__()
         value = self.loss_outlier_z
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"`loss_outlier_z` must be a number > 0, got {value!r}.")
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+            raise ValueError(f"`loss_outlier_z` must be a finite number > 0, got {value!r}.")
         object.__setattr__(self, "loss_outlier_z", float(value))
 
 
@@ -82,6 +84,9 @@ def drop_loss_outliers(points, keep, rng, norms=None, losses=None, loss_outlier_
     left = np.sort(np.lexsort((np.arange(n_c), scores))[:n_left])
     positions, _ = facility_location(points[left], keep, rng)
     return _uniform(left[positions], n_c)
+
+
+drop_loss_outliers.uses_losses = True  # the pipeline warns when a run has no losses to give it
 
 
 @WITHIN_CLUSTER_RULES.register("drop_hard_random")
