@@ -24,10 +24,9 @@ from .feature_cache import FeatureCache
 from .features import FEATURES
 from .features.proxy import truncated_layers
 from .reporting.feature_map import feature_map_points
-from .selection import (cluster_features, relevance_scores, select_subset, select_targeted,
+from .selection import (WITHIN_CLUSTER_RULES, cluster_features, relevance_scores, select_subset, select_targeted,
                         target_self_relevance)
 from .selection.near_duplicates import near_duplicate_groups, union_groups
-from .selection.within_cluster import WITHIN_CLUSTER_RULES
 from .selection.sharded import select_sharded
 from .validation import check_loss_tokens
 
@@ -143,8 +142,9 @@ def select_with_model(
     rule_losses = None if facts.feature_layers is not None else losses  # a truncated pass's are not the model's
     if rule_losses is None and getattr(WITHIN_CLUSTER_RULES.get(config.within_cluster), "uses_losses", False):
         logger.warning("within_cluster=%r needs per-example losses, which this feature pass does not give (a "
-                       "truncated language-model pass keeps none): it falls back to facility_location. "
-                       "strategy_kwargs={'feature_layers': <the model's depth>} gives them.", config.within_cluster)
+                       "truncated language-model pass keeps none): it runs without them, as its docstring says "
+                       "(drop_loss_outliers: plain facility_location). strategy_kwargs={'feature_layers': <the "
+                       "model's depth>} gives them.", config.within_cluster)
     payload = None
     if distributed.rank() == 0:
         result = cluster_features(np.asarray(features), config, world_size=distributed.world_size(),

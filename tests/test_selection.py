@@ -360,3 +360,11 @@ def test_loss_outlier_z_must_be_a_finite_positive_number(bad):
         ClusterSelectConfig(within_cluster="drop_loss_outliers", strategy_kwargs={"loss_outlier_z": bad})
     config = ClusterSelectConfig(within_cluster="drop_loss_outliers", strategy_kwargs={"loss_outlier_z": np.int64(2)})
     assert config.selection_settings.loss_outlier_z == 2.0
+
+
+def test_the_rules_that_need_losses_say_so():
+    """`uses_losses` marks the rules the pipeline warns about when a truncated feature pass keeps no losses."""
+    from hf_cluster_select.selection import WITHIN_CLUSTER_RULES
+
+    marked = {name for name in WITHIN_CLUSTER_RULES.names() if getattr(WITHIN_CLUSTER_RULES.get(name), "uses_losses", False)}
+    assert marked == {"drop_loss_outliers", "drop_hard_random", "loss_stratified", "importance_loss"}

@@ -34,12 +34,12 @@ class LossOutlierSettings(SelectionSettings):
         loss_outlier_z (`float`, defaults to `1.0`): modified z-score of the warm-up loss within the cluster above
             which a member is dropped (`loss_outlier_scores`); finite, > 0. Larger drops fewer.
     Raises:
-        ValueError: if `loss_outlier_z` is not a number > 0.
+        ValueError: if `loss_outlier_z` is not a finite number > 0.
     """
 
     loss_outlier_z: float = field(default=LOSS_OUTLIER_Z, metadata={
         "help": "drop_loss_outliers: modified z-score of the warm-up loss within a cluster above which a member "
-                "is dropped (> 0; larger drops fewer)."})
+                "is dropped (finite, > 0; larger drops fewer)."})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -86,7 +86,6 @@ def drop_loss_outliers(points, keep, rng, norms=None, losses=None, loss_outlier_
     return _uniform(left[positions], n_c)
 
 
-drop_loss_outliers.uses_losses = True  # the pipeline warns when a run has no losses to give it
 
 
 @WITHIN_CLUSTER_RULES.register("drop_hard_random")
@@ -138,3 +137,8 @@ def importance_norm(points, keep, rng, norms=None, losses=None):
 def importance_loss(points, keep, rng, norms=None, losses=None):
     """Importance sampling by warm-up loss with inverse-probability weights."""
     return _importance(points, keep, rng, np.ones(points.shape[0]) if losses is None else losses)
+
+
+# Rules that need `losses`: the pipeline warns when a run has none to give them (a truncated feature pass).
+for _rule in (drop_loss_outliers, drop_hard_random, loss_stratified, importance_loss):
+    _rule.uses_losses = True
