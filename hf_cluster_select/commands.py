@@ -25,6 +25,7 @@ import sys
 from typing import Any, Sequence
 
 from .config import ClusterSelectConfig, registered_settings
+from .settings import AUTO
 
 TEXT_PREVIEW = 120  # characters of each example shown by `report`
 
@@ -80,7 +81,8 @@ def _parse_value(name: str, text: Any, default: Any) -> Any:
             also = ", or auto" if name == "balance_tokens" else ""
             raise ValueError(f"`--{name.replace('_', '-')}` must be true or false (yes/no, 1/0{also}), got {text!r}.")
         return text.lower() in TRUE
-    if name in ("selection_warmup_steps", "strategy_kwargs", "stratify_column") or isinstance(default, str):
+    if name in ("selection_warmup_steps", "strategy_kwargs", "stratify_column") or \
+            (isinstance(default, str) and not (default == AUTO and name == "near_duplicate_threshold")):
         return None if name == "stratify_column" and text == "None" else text
     if text.strip().lower() in ("none", "null"):
         return None

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import registry
-from .settings import TargetSettings, check_bool, check_choice, check_optional_int, setting_names
+from .settings import AUTO, TargetSettings, check_bool, check_choice, check_optional_int, setting_names
 
 AUTO_FEATURE = "auto"  # not a registered signal: resolved per model by features/choice.py
 BUDGET_UNITS = ("examples", "tokens")
@@ -198,7 +198,8 @@ class ClusterSelectConfig:
         Empty when it can run."""
         current = {"cluster_method": self.cluster_method, "budget_unit": self.budget_unit,
                    "stratify_column": self.stratify_column, "target": self.target,
-                   "near_duplicate_threshold": self.selection_settings.near_duplicate_threshold}
+                   "near_duplicate_threshold": (None if self.selection_settings.near_duplicate_threshold == AUTO
+                                                else self.selection_settings.near_duplicate_threshold)}
         supported = {"cluster_method": "fine_kmeans", "budget_unit": "examples"}
         return [f"{name}={value!r}" for name, value in current.items() if value != supported.get(name)]
 

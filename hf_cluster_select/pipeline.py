@@ -22,12 +22,14 @@ from .config import ClusterSelectConfig
 from .data import has_token_column, token_rows
 from .feature_cache import FeatureCache
 from .features import FEATURES
+from .features.head_tokens import resolve_head
 from .features.proxy import truncated_layers
 from .reporting.feature_map import feature_map_points
 from .selection import (WITHIN_CLUSTER_RULES, cluster_features, relevance_scores, select_subset, select_targeted,
                         target_self_relevance)
 from .selection.near_duplicates import near_duplicate_groups, union_groups
 from .selection.sharded import select_sharded
+from .settings import resolve_duplicates
 from .validation import check_loss_tokens
 
 logger = logging.getLogger(__name__)
@@ -123,6 +125,7 @@ def select_with_model(
     """
     if config.data_fraction >= 1.0 and not merge_unclusterable:
         return keep_everything(len(lengths), clock)
+    config = with_duplicates_resolved(config, model)
     if getattr(config.cluster_settings, "sharded", False):
         return _select_sharded_with_model(model, dataset, collator, config=config, facts=facts, lengths=lengths,
                                           clock=clock, batch_size=batch_size, show_progress=show_progress)
@@ -167,6 +170,20 @@ def select_with_model(
     return SelectionOutcome(chosen, summary, np.asarray(loss_tokens),
                             None if rule_losses is None else np.asarray(rule_losses), from_cache, feature_map,
                             target_summary, difficulty)
+
+
+def with_duplicates_resolved(config: ClusterSelectConfig, model: torch.nn.Module) -> ClusterSelectConfig:
+    """`config` with `near_duplicate_threshold` and `duplicate_weight` set to what `"auto"` means for `model`
+    (`settings.resolve_duplicates`: the token check at 0.7 with `duplicate_weight="one"` for a classification head,
+    off for a language model and for sharded selection); values the user gave are kept."""
+    try:
+        token_level = resolve_head(model)[1]
+    except TypeError:  # no output head (a user feature): no automatic token check
+        token_level = True
+    sharded = bool(getattr(config.cluster_settings, "sharded", False))
+    threshold, weight = resolve_duplicates(config.selection_settings, token_level=token_level, token_check=not sharded)
+    kwargs = {**(config.strategy_kwargs or {}), "near_duplicate_threshold": threshold, "duplicate_weight": weight}
+    return dataclasses.replace(config, strategy_kwargs=kwargs)
 
 
 def _token_groups(dataset: Any, config: ClusterSelectConfig, clock: PhaseClock) -> np.ndarray | None:

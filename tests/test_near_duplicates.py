@@ -8,6 +8,7 @@ import random
 
 import numpy as np
 import pytest
+import torch
 
 from hf_cluster_select import ClusterSelectConfig
 from hf_cluster_select._types import ClusteringResult
@@ -156,19 +157,42 @@ def test_token_rows_reads_datasets_and_lists_of_dicts():
 
 
 # ---- settings ---------------------------------------------------------------------------------------------------
-def test_settings_are_off_by_default_and_validated_with_their_names():
+def test_settings_default_to_auto_and_are_validated_with_their_names():
     settings = ClusterSelectConfig().selection_settings
-    assert settings.near_duplicate_threshold is None and settings.duplicate_weight == "group"
+    assert settings.near_duplicate_threshold == "auto" and settings.duplicate_weight == "auto"
     config = ClusterSelectConfig(strategy_kwargs={"near_duplicate_threshold": 1, "duplicate_weight": "one"})
     assert config.selection_settings.near_duplicate_threshold == 1.0
     assert ClusterSelectConfig.from_json(config.to_json()) == config
-    for value in (0, 1.5, True, "0.7", float("nan")):
+    for value in (0, 1.5, True, "0.7", "AUTO", float("nan")):
         with pytest.raises(ValueError, match=r"`strategy_kwargs`: `near_duplicate_threshold` must be a float in "
-                                             r"\(0, 1\] or None, got "):
+                                             r"\(0, 1\], None or 'auto', got "):
             ClusterSelectConfig(strategy_kwargs={"near_duplicate_threshold": value})
-    with pytest.raises(ValueError, match=r"`strategy_kwargs`: `duplicate_weight` must be one of \['group', 'one'\], "
-                                         "got 'all'"):
+    with pytest.raises(ValueError, match=r"`strategy_kwargs`: `duplicate_weight` must be one of \['auto', 'group', "
+                                         r"'one'\], got 'all'"):
         ClusterSelectConfig(strategy_kwargs={"duplicate_weight": "all"})
+
+
+@pytest.mark.parametrize("given, token_level, token_check, expected", [
+    ({}, False, True, (0.7, "one")),  # a classification head: the measured check
+    ({}, True, True, (None, "group")),  # a language model: rows share long prompts
+    ({}, False, False, (None, "group")),  # sharded selection / no examples: no token check there
+    ({"near_duplicate_threshold": 0.9}, False, True, (0.9, "group")),  # a given threshold keeps the old weight
+    ({"near_duplicate_threshold": 0.9}, True, True, (0.9, "group")),
+    ({"near_duplicate_threshold": None}, False, True, (None, "group")),
+    ({"duplicate_weight": "group"}, False, True, (0.7, "group")),
+    ({"duplicate_weight": "one"}, True, True, (None, "one")),
+])
+def test_auto_resolves_per_head(given, token_level, token_check, expected):
+    from hf_cluster_select.settings import resolve_duplicates
+
+    settings = ClusterSelectConfig(strategy_kwargs=given).selection_settings
+    assert resolve_duplicates(settings, token_level=token_level, token_check=token_check) == expected
+
+
+def test_auto_is_no_conflict_for_sharded_selection_but_a_threshold_is():
+    assert ClusterSelectConfig(strategy_kwargs={"sharded": True}).sharded_conflicts() == []
+    with pytest.raises(ValueError, match=r"does not implement \['near_duplicate_threshold=0.7'\]"):
+        ClusterSelectConfig(strategy_kwargs={"sharded": True, "near_duplicate_threshold": 0.7})
 
 
 def test_command_line_options_set_them(tmp_path, capsys):
@@ -179,8 +203,11 @@ def test_command_line_options_set_them(tmp_path, capsys):
                                                                 "--duplicate-weight", "one"]))
     assert config.strategy_kwargs == {"duplicate_weight": "one", "near_duplicate_threshold": 0.8}
     assert main(base + ["--near-duplicate-threshold", "1.5"]) == 2
-    assert ("`--near-duplicate-threshold` must be a float in (0, 1] or None, got 1.5"
+    assert ("`--near-duplicate-threshold` must be a float in (0, 1], None or 'auto', got 1.5"
             in capsys.readouterr().err)
+    for text, value in (("auto", "auto"), ("none", None), ("1", 1.0)):
+        config = config_from_args(build_parser().parse_args(base + ["--near-duplicate-threshold", text]))
+        assert config.selection_settings.near_duplicate_threshold == value
 
 
 # ---- ClusterTrainer ---------------------------------------------------------------------------------------------
@@ -237,6 +264,36 @@ def test_the_trainer_keeps_one_row_per_near_copy_family(tmp_path, _tiny_lm_base,
     plain, plain_report = train_on(tmp_path / "off", copy.deepcopy(_tiny_lm_base), dataset, collator)
     assert plain_report["n_near_duplicate_rows"] is None and plain_report["near_duplicates_seconds"] is None
     assert np.unique(source[plain.selection.indices]).size < 36  # the check above can fail
+
+
+def test_a_classification_head_runs_the_check_by_default(tmp_path, tokenizer):
+    """`"auto"` with a classification head is the check at 0.7 with `duplicate_weight="one"`: the same kept rows
+    and weights as those set explicitly, 36 rows from 36 different sources, 32 near copies counted; with
+    `duplicate_weight="group"` the kept copies weigh more (the check above can fail)."""
+    import tiny_assets
+    from transformers import DataCollatorWithPadding, LlamaForSequenceClassification
+
+    dataset, source = near_copy_dataset(tokenizer)
+    dataset = dataset.remove_columns("labels").add_column("labels", [int(s % 3) for s in source])
+    collator = DataCollatorWithPadding(tokenizer)
+
+    def run(name, **settings):
+        torch.manual_seed(0)
+        model = LlamaForSequenceClassification(tiny_assets.llama_config(len(tokenizer), num_labels=3,
+                                                                        pad_token_id=tokenizer.pad_token_id))
+        trainer, report = train_on(tmp_path / name, model, dataset, collator, **settings)
+        return trainer.selection, report
+
+    auto, report = run("auto")
+    assert auto.indices.size == 36 and np.unique(source[auto.indices]).size == 36
+    assert report["n_near_duplicate_rows"] == 32
+    explicit, _ = run("explicit", near_duplicate_threshold=0.7, duplicate_weight="one")
+    np.testing.assert_array_equal(auto.indices, explicit.indices)
+    np.testing.assert_allclose(auto.weights, explicit.weights)
+    grouped, _ = run("group", near_duplicate_threshold=0.7, duplicate_weight="group")
+    families = np.isin(source[grouped.indices], np.arange(8))  # the 8 sources with 4 near copies each
+    assert grouped.weights[families].mean() > 2 * grouped.weights[~families].mean()
+    assert auto.weights[families].mean() < 2 * auto.weights[~families].mean()
 
 
 def _templated_pool(prompt_tokens: int, n_rows: int = 40, body_tokens: int = 20):

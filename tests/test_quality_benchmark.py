@@ -180,3 +180,21 @@ def test_cfg_arm_values_are_json_or_strings():
     assert arm_config("random", 0.3, 0) is None
     with pytest.raises(ValueError, match="each ClusterSelectConfig field or strategy setting once"):
         arm_config("cfg:feature_layers", 0.3, 0)
+
+
+def test_niclass_is_skill_classification_with_the_target_first():
+    """The second classification task: 16 skills, the target leading each text so the 64-token window keeps it,
+    and its pools (`niclass_dup60`) built like the other tasks'."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import quality_tasks
+
+    task = quality_tasks.TASKS["niclass"](True)
+    assert (task.name, len(task.train), len(task.test), task.n_groups) == ("niclass", 96, 48, 16)
+    assert task.main_metric == "accuracy" and task.higher_is_better
+    assert list(task.groups_train) == task.train["labels"]
+    texts = list(quality_tasks._target_first_texts().values())
+    tokenizer = quality_tasks._minilm_tokenizer()
+    first = tokenizer.decode(task.train[0]["input_ids"], skip_special_tokens=True)
+    assert " | " in first and any(t.lower().startswith(first.split(" | ")[0]) for t in texts)
+    duplicated = quality_tasks.TASKS["niclass_dup60"](True)
+    assert duplicated.name == "niclass_dup60" and len(duplicated.train) == 96 + round(0.6 * 96)

@@ -268,13 +268,17 @@ def test_duplicate_weight_group_counts_the_copies_and_one_drops_them():
         assert chosen.indices.tolist() == [0, 4, 5, 6] and chosen.weights.tolist() == pytest.approx(values)
         assert chosen.weights.sum() == pytest.approx(8)
     default = select_from_labels(labels, points, data_fraction=0.5, within_cluster="central", groups=groups)
-    assert default.weights.tolist() == pytest.approx(expected["group"])  # "group" is the default
+    assert default.weights.tolist() == pytest.approx(expected["group"])  # "auto" is "group" without a model
+    auto = select_subset(ClusteringResult(labels=labels, raw_labels=labels, reduced=points, n_clusters=2,
+                                          method="kmeans", groups=np.asarray(groups)),
+                         ClusterSelectConfig(data_fraction=0.5, within_cluster="central"))
+    assert auto.weights.tolist() == pytest.approx(expected["group"])
     result = ClusteringResult(labels=labels, raw_labels=labels, reduced=points, n_clusters=2, method="kmeans",
                               groups=np.asarray(groups))
     one = select_subset(result, ClusterSelectConfig(data_fraction=0.5, within_cluster="central",
                                                     strategy_kwargs={"duplicate_weight": "one"}))
     assert one.weights.tolist() == pytest.approx(expected["one"])
-    with pytest.raises(ValueError, match=r"`duplicate_weight` must be one of \['group', 'one'\], got 'all'"):
+    with pytest.raises(ValueError, match=r"`duplicate_weight` must be one of \['auto', 'group', 'one'\], got 'all'"):
         select_from_labels(labels, points, data_fraction=0.5, groups=groups, duplicate_weight="all")
 
 

@@ -480,3 +480,13 @@ def test_resume_picks_the_newest_complete_checkpoint(tmp_path, caplog):
 def test_select_from_labels_rejects_misshapen_deferred():
     with pytest.raises(ValueError, match=r"`deferred` must have shape \[3\], got \(2,\)"):
         select_from_labels([0, 0, 1], within_cluster="random", data_fraction=0.5, deferred=[True, False])
+
+
+@pytest.mark.parametrize("cap", [float("inf"), float("nan"), 0.5, True, "1.5"])
+def test_kmeans_size_cap_must_be_a_finite_number_of_at_least_one(cap):
+    """`inf` used to pass and fail only inside the clustering (`math.ceil(inf)`), after the warm-up."""
+    with pytest.raises(ValueError, match=r"`strategy_kwargs`: `kmeans_size_cap` must be a finite number >= 1.0 or "
+                                         r"None, got "):
+        ClusterSelectConfig(cluster_method="kmeans", strategy_kwargs={"kmeans_size_cap": cap})
+    assert ClusterSelectConfig(cluster_method="kmeans",
+                               strategy_kwargs={"kmeans_size_cap": 1}).cluster_settings.kmeans_size_cap == 1

@@ -33,7 +33,7 @@ class KMeansSettings(ClusteringSettings):
         kmeans_size_cap (`float`, *optional*): cap on cluster sizes as a multiple of n/K (CluSTER: 1.5); `None` =
             no cap.
     Raises:
-        ValueError: if `kmeans_n_clusters` < 2 or `kmeans_size_cap` < 1.
+        ValueError: if `kmeans_n_clusters` < 2 or `kmeans_size_cap` is < 1 or not finite.
     """
 
     kmeans_n_clusters: int | None = field(default=None, metadata={
@@ -45,8 +45,9 @@ class KMeansSettings(ClusteringSettings):
         super().__post_init__()
         check_optional_int("kmeans_n_clusters", self.kmeans_n_clusters, 2)
         cap = self.kmeans_size_cap
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap >= 1.0):
-            raise ValueError(f"`kmeans_size_cap` must be a number >= 1.0 or None, got {cap!r}.")
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap >= 1.0
+                                or not math.isfinite(cap)):
+            raise ValueError(f"`kmeans_size_cap` must be a finite number >= 1.0 or None, got {cap!r}.")
 
 
 @dataclass(frozen=True)

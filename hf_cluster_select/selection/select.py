@@ -64,7 +64,7 @@ def _cells(labels: np.ndarray, strata: Any, n_total: int) -> tuple[np.ndarray, n
 
 
 def _units(eligible: np.ndarray, groups: Any, budget: int, n_total: int, cost: np.ndarray,
-           duplicate_weight: str = SelectionSettings.duplicate_weight) -> tuple[np.ndarray, np.ndarray]:
+           duplicate_weight: str) -> tuple[np.ndarray, np.ndarray]:
     """The examples selection chooses among and how many examples each stands for: with `groups`, the first
     (lowest-index) eligible copy of every duplicate group, counting its copies (`duplicate_weight="group"`) or itself
     (`"one"`), as long as those copies' `cost` (1 per example, or its tokens) reaches `budget`; otherwise every
@@ -137,7 +137,7 @@ def select_from_labels(
     strata: Any = None,
     lengths: Any = None,
     budget_unit: str = ClusterSelectConfig.budget_unit,
-    duplicate_weight: str = SelectionSettings.duplicate_weight,
+    duplicate_weight: str = "auto",
     rule_settings: dict[str, Any] | None = None,
 ) -> Selection:
     """Keep exactly `selection_budget(n, data_fraction)` examples (or about that share of the tokens), spread over
@@ -160,8 +160,9 @@ def select_from_labels(
         norms, losses (array-like of shape `[n_examples]`, *optional*): raw feature norms (the gradient-norm
             estimate) and warm-up losses, passed to the within-cluster rule.
         groups (array-like of shape `[n_examples]`, int, *optional*): duplicate groups (`ClusteringResult.groups`).
-        duplicate_weight (`str`, *optional*, defaults to `SelectionSettings.duplicate_weight`): what a group's kept
-            copy stands for, `"group"` (all its copies) or `"one"` (itself; see the module docstring).
+        duplicate_weight (`str`, *optional*, defaults to `"auto"`): what a group's kept copy stands for, `"group"`
+            (all its copies) or `"one"` (itself; see the module docstring); `"auto"` = `"group"` here (features
+            without a model: `settings.resolve_duplicates`; the trainer resolves it per model before this).
         strata (array-like of shape `[n_examples]`, *optional*): a user's grouping (task, source, language).
         lengths (array-like of shape `[n_examples]`, int >= 1, *optional*): tokens of every example; required for
             `budget_unit="tokens"`.
@@ -183,6 +184,7 @@ def select_from_labels(
     labels = _checked_labels(labels)
     rule = WITHIN_CLUSTER_RULES.get(within_cluster)
     check_choice("duplicate_weight", duplicate_weight, choices_of(SelectionSettings, "duplicate_weight"))
+    duplicate_weight = "group" if duplicate_weight == "auto" else duplicate_weight
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"`seed` must be an int, got {seed!r}.")
     n_total = labels.size
@@ -353,7 +355,8 @@ def _member_picker(rule, within_cluster: str, seed: int, cluster: int, members: 
 def select_subset(result: ClusteringResult, config: ClusterSelectConfig, *, norms: Any = None,
                   losses: Any = None, strata: Any = None, lengths: Any = None) -> Selection:
     """Select from a clustering with the settings of `config` (`data_fraction`, `within_cluster` and its
-    `quota` and `duplicate_weight`, `selection_seed`, `budget_unit`).
+    `quota` and `duplicate_weight`, `selection_seed`, `budget_unit`). Without a model, `duplicate_weight="auto"`
+    is `"group"` (`settings.resolve_duplicates`; the trainer resolves it per model first).
 
     Args:
         result (`ClusteringResult`): output of `clustering.cluster_features` (`labels` `[n]`, `reduced` `[n, d]`).
