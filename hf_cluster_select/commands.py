@@ -61,8 +61,11 @@ FIELDS_NOT_OPTIONS = ("target",)  # `select` has no eval set: its `--target` is 
 def _metavar(field: dataclasses.Field) -> str:
     if field.name == "balance_tokens":
         return "BOOL|auto"
+    if field.metadata.get("choices"):
+        return "|".join(field.metadata["choices"])
     kind = str(field.type).split(" |")[0]
-    return "JSON" if kind == "dict" else kind.upper() + ("|None" if "None" in str(field.type) else "")
+    return "JSON" if kind == "dict" else (kind.upper() + ("|None" if "None" in str(field.type) else "")
+                                          + ("|auto" if field.default == AUTO else ""))
 
 
 TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
@@ -86,6 +89,8 @@ def _parse_value(name: str, text: Any, default: Any) -> Any:
         return None if name == "stratify_column" and text == "None" else text
     if text.strip().lower() in ("none", "null"):
         return None
+    if default == AUTO and text.strip().lower() == AUTO:
+        return AUTO
     for kind in (int, float):
         try:
             return kind(text)

@@ -152,6 +152,10 @@ def select_with_model(
     if distributed.rank() == 0:
         result = cluster_features(np.asarray(features), config, world_size=distributed.world_size(),
                                   loss_tokens=loss_tokens, merge_unclusterable=merge_unclusterable)
+        settings = config.selection_settings  # what "auto" resolved to, for the report and the model card
+        result = dataclasses.replace(result, params={
+            **result.params, "near_duplicate_threshold": settings.near_duplicate_threshold,
+            "duplicate_weight": settings.duplicate_weight})
         if token_groups is not None:
             result = with_near_duplicates(result, token_groups)
         target_summary = None

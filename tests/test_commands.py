@@ -141,8 +141,9 @@ def test_an_unwritable_cache_costs_the_cache_not_the_selection(tmp_path, model_f
     assert json.load(open(out / "selection_report.json"))["n_kept"] == 10
 
 
-def test_help_from_the_module():
-    out = subprocess.run([sys.executable, "-m", "hf_cluster_select.cli", "select", "--help"], capture_output=True,
+@pytest.mark.parametrize("module", ["hf_cluster_select.cli", "hf_cluster_select"])
+def test_help_from_the_module(module):
+    out = subprocess.run([sys.executable, "-m", module, "select", "--help"], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0 and "--data-fraction" in out.stdout and "--kept-per-cluster" in out.stdout
 

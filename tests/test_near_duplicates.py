@@ -189,6 +189,27 @@ def test_auto_resolves_per_head(given, token_level, token_check, expected):
     assert resolve_duplicates(settings, token_level=token_level, token_check=token_check) == expected
 
 
+@pytest.mark.parametrize("head, expected", [
+    ("BertForSequenceClassification", (0.7, "one")), ("BertForTokenClassification", (0.7, "one")),
+    ("BertForMultipleChoice", (0.7, "one")), ("BertForMaskedLM", (None, "group")),
+    ("BertForQuestionAnswering", (None, "group")), ("BertModel", (None, "group")),
+])
+def test_auto_per_model_class(head, expected):
+    """What docs/configuration.md calls a classification head: an output layer that is not a vocabulary projection
+    and a head the feature pass recognises."""
+    import transformers
+
+    from hf_cluster_select.pipeline import with_duplicates_resolved
+
+    tiny = transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                                   vocab_size=50)
+    settings = with_duplicates_resolved(ClusterSelectConfig(), getattr(transformers, head)(tiny)).selection_settings
+    assert (settings.near_duplicate_threshold, settings.duplicate_weight) == expected
+    sharded = ClusterSelectConfig(strategy_kwargs={"sharded": True})
+    assert with_duplicates_resolved(sharded, getattr(transformers, head)(tiny)).selection_settings \
+        .near_duplicate_threshold is None
+
+
 def test_auto_is_no_conflict_for_sharded_selection_but_a_threshold_is():
     assert ClusterSelectConfig(strategy_kwargs={"sharded": True}).sharded_conflicts() == []
     with pytest.raises(ValueError, match=r"does not implement \['near_duplicate_threshold=0.7'\]"):
@@ -205,9 +226,11 @@ def test_command_line_options_set_them(tmp_path, capsys):
     assert main(base + ["--near-duplicate-threshold", "1.5"]) == 2
     assert ("`--near-duplicate-threshold` must be a float in (0, 1], None or 'auto', got 1.5"
             in capsys.readouterr().err)
-    for text, value in (("auto", "auto"), ("none", None), ("1", 1.0)):
+    for text, value in (("auto", "auto"), ("AUTO", "auto"), ("none", None), ("1", 1.0)):
         config = config_from_args(build_parser().parse_args(base + ["--near-duplicate-threshold", text]))
         assert config.selection_settings.near_duplicate_threshold == value
+    usage = build_parser()._subparsers._group_actions[0].choices["select"].format_usage()
+    assert "--near-duplicate-threshold FLOAT|None|auto" in usage and "--duplicate-weight auto|group|one" in usage
 
 
 # ---- ClusterTrainer ---------------------------------------------------------------------------------------------
@@ -263,6 +286,8 @@ def test_the_trainer_keeps_one_row_per_near_copy_family(tmp_path, _tiny_lm_base,
     assert "Near-duplicate examples" in (tmp_path / "on" / "out" / "README.md").read_text()
     plain, plain_report = train_on(tmp_path / "off", copy.deepcopy(_tiny_lm_base), dataset, collator)
     assert plain_report["n_near_duplicate_rows"] is None and plain_report["near_duplicates_seconds"] is None
+    assert plain_report["clustering_params"]["near_duplicate_threshold"] is None  # "auto" for a language model
+    assert plain_report["clustering_params"]["duplicate_weight"] == "group"
     assert np.unique(source[plain.selection.indices]).size < 36  # the check above can fail
 
 
@@ -287,6 +312,9 @@ def test_a_classification_head_runs_the_check_by_default(tmp_path, tokenizer):
     auto, report = run("auto")
     assert auto.indices.size == 36 and np.unique(source[auto.indices]).size == 36
     assert report["n_near_duplicate_rows"] == 32
+    assert report["clustering_params"]["near_duplicate_threshold"] == 0.7  # what "auto" resolved to, recorded
+    assert report["clustering_params"]["duplicate_weight"] == "one"
+    assert "near_duplicate_threshold=0.7, duplicate_weight='one'" in (tmp_path / "auto" / "out" / "README.md").read_text()
     explicit, _ = run("explicit", near_duplicate_threshold=0.7, duplicate_weight="one")
     np.testing.assert_array_equal(auto.indices, explicit.indices)
     np.testing.assert_allclose(auto.weights, explicit.weights)
