@@ -17,6 +17,9 @@ Arms, each from the same model initialisation (per seed), the same recipe and th
 - `random_same_steps`: the same random subset trained for exactly as many optimizer steps as the first ClusterTrainer
   arm listed before it ran at that fraction and seed, its warm-up on the full data included (equal steps; the
   subset's epochs repeat);
+- `selection_same_steps`: the rows the reference arm kept (listed before it, in the same run), trained by the stock
+  `Trainer` unweighted for as many optimizer steps as that arm ran, with no warm-up: what the selection picked,
+  apart from how ClusterTrainer trains on it (a diagnostic, not a product arm);
 - `default`: `ClusterTrainer` with `ClusterSelectConfig(data_fraction=f, selection_seed=seed)`;
 - `paper_selection`: CluSTER's selection (KMeans K = 2 = the paper's world size of its smallest setting, sizes
   capped at 1.5·n/K, uniform quota, peripheral members, loss weight K·|C_k|/N, select before training) on one
@@ -24,6 +27,10 @@ Arms, each from the same model initialisation (per seed), the same recipe and th
   and every step of the balanced allocation holds the kept clusters in equal shares, as the one-cluster-per-rank
   allocation does; only the dealing of clusters to ranks differs (irrelevant on one process);
 - `cfg:FIELD=VALUE,...`: `ClusterTrainer` with those `ClusterSelectConfig` fields changed (ablations).
+
+On a noisy or redundant pool a cell also records `corrupted_share` (share 0-1 of the kept rows whose label/reply
+was replaced or that are added copies; a random subset keeps the pool's share) and `corrupted_weight` (the same,
+weighted by the loss weights).
 
 Every cell records the task's metrics, the examples trained and the measured wall seconds of the arm's `train()`
 (for a ClusterTrainer arm: warm-up, feature pass from a cold cache — `feature_cache=False` — selection and training);
@@ -61,7 +68,8 @@ PAPER_SELECTION = dict(selection_warmup_steps=0, cluster_method="kmeans", kmeans
                        quota="uniform", within_cluster="peripheral", balance_tokens=False)
 
 
-STOCK_ARMS = ("full", "random", "random_same_steps")  # stock-Trainer arms
+STOCK_ARMS = ("full", "random", "random_same_steps", "selection_same_steps")  # stock-Trainer arms
+SAME_STEPS_ARMS = ("random_same_steps", "selection_same_steps")  # steps (and rows) of the reference arm
 
 
 def arm_config(arm: str, fraction: float, seed: int) -> ClusterSelectConfig | None:
@@ -88,8 +96,10 @@ def arm_config(arm: str, fraction: float, seed: int) -> ClusterSelectConfig | No
 
 
 def reference_arm(arms: list[str]) -> str | None:
-    """The ClusterTrainer arm whose optimizer steps `random_same_steps` matches: the first one listed before it."""
-    before = arms[: arms.index("random_same_steps")] if "random_same_steps" in arms else arms
+    """The ClusterTrainer arm whose optimizer steps `random_same_steps` (and `selection_same_steps`) match: the first
+    one listed before the first of them."""
+    first = min((arms.index(a) for a in SAME_STEPS_ARMS if a in arms), default=len(arms))
+    before = arms[:first]
     return next((a for a in before if a not in STOCK_ARMS), None)
 
 
@@ -120,10 +130,11 @@ class EpochCurve(TrainerCallback):
 
 
 def run_arm(task, arm: str, fraction: float, seed: int, out_dir: str, curve: bool = False,
-            max_steps: int | None = None) -> dict:
+            max_steps: int | None = None, rows: np.ndarray | None = None) -> dict:
     """Train one arm and evaluate it; returns the cell. `curve`: also evaluate after every epoch (`curve` in the
     cell: the main metric per epoch; `seconds` excludes that evaluation). `max_steps`: train for exactly that many
-    optimizer steps (epochs repeat the subset), the `random_same_steps` arm."""
+    optimizer steps (epochs repeat the subset), the `random_same_steps` arm. `rows`: the dataset rows of the
+    `selection_same_steps` arm (the reference arm's kept rows)."""
     recipe = dict(task.recipe, **({} if max_steps is None else {"max_steps": int(max_steps)}))
     args = TrainingArguments(output_dir=out_dir, seed=seed, use_cpu=True, report_to=[], save_strategy="no",
                              logging_steps=10**6, disable_tqdm=True, dataloader_num_workers=0, **recipe)
@@ -135,6 +146,10 @@ def run_arm(task, arm: str, fraction: float, seed: int, out_dir: str, curve: boo
         if arm in ("random", "random_same_steps"):  # the same rows: only the step count differs
             budget = selection_budget(n, fraction)
             indices = np.sort(np.random.default_rng([seed, 7]).choice(n, size=budget, replace=False))
+        elif arm == "selection_same_steps":
+            if rows is None:
+                raise ValueError("selection_same_steps needs `rows`: the kept rows of its reference arm in this run")
+            indices = np.sort(np.asarray(rows, dtype=np.int64))
         trainer = Trainer(model=model, args=args, train_dataset=task.train.select(indices),
                           data_collator=task.collator)
         weights = np.ones(indices.size)
@@ -154,9 +169,13 @@ def run_arm(task, arm: str, fraction: float, seed: int, out_dir: str, curve: boo
     cell = dict(task=task.name, arm=arm, fraction=fraction, seed=seed, seconds=seconds, n_kept=int(indices.size),
                 steps=int(trainer.state.global_step), **metrics,
                 **group_balance(task.groups_train, task.n_groups, np.asarray(indices), weights))
+    if getattr(task, "corrupted", None) is not None:  # a noisy/redundant pool: how much of the kept set is corrupted
+        hit = np.asarray(task.corrupted)[np.asarray(indices)]
+        cell.update(corrupted_share=float(hit.mean()), corrupted_weight=float((weights * hit).sum() / weights.sum()))
     if config is not None:
         report = trainer.selection_report
         cell.update(n_clusters=report.n_clusters, selection_seconds=report.selection_seconds)
+        cell["_rows"] = np.asarray(indices)  # for a selection_same_steps arm of this run; not written
     if epoch_curve is not None:
         cell["curve"] = epoch_curve.values
     return cell
@@ -191,8 +210,9 @@ def summarise(cells: list[dict], main: str, higher_is_better: bool) -> list[dict
         values = np.array([c[main] for c in mine.values()])
         paired = np.array([sign * (mine[s][main] - base[s][main]) for s in sorted(mine) if s in base])
         equal = np.array([sign * (mine[s][main] - same[s][main]) for s in sorted(mine) if s in same])
-        if arm in STOCK_ARMS or not any(mine[s].get("selection_seconds") is not None for s in mine):
-            equal = np.zeros(0)  # equal steps: ClusterTrainer arms only
+        if arm != "selection_same_steps" and (
+                arm in STOCK_ARMS or not any(mine[s].get("selection_seconds") is not None for s in mine)):
+            equal = np.zeros(0)  # equal steps: ClusterTrainer arms (and the selection trained stock) only
         rows.append(dict(task=task, fraction=fraction, arm=arm, metric=main, n_seeds=len(values),
                          mean=float(values.mean()), std=float(values.std(ddof=1)) if len(values) > 1 else 0.0,
                          paired_gain_vs_random=float(paired.mean()) if paired.size else None,
@@ -335,22 +355,25 @@ def main(argv: list[str] | None = None) -> int:
             for arm in args.arms:
                 if arm == "full" and fraction != args.fractions[0]:
                     continue  # one full-data run per seed
-                max_steps = None
-                if arm == "random_same_steps":  # as many optimizer steps as the reference arm, warm-up included
+                max_steps = rows = None
+                if arm in SAME_STEPS_ARMS:  # as many optimizer steps as the reference arm, warm-up included
                     reference = reference_arm(args.arms)
-                    max_steps = next(c["steps"] for c in cells + earlier.get("cells", [])
-                                     if (c["arm"], c["fraction"], c["seed"]) == (reference, fraction, seed))
+                    cell = next(c for c in cells + earlier.get("cells", [])
+                                if (c["arm"], c["fraction"], c["seed"]) == (reference, fraction, seed))
+                    max_steps, rows = cell["steps"], cell.get("_rows")
                 cell = run_arm(task, arm, 1.0 if arm == "full" else fraction, seed, os.path.join(work, arm),
-                               curve=arm in args.curve, max_steps=max_steps)
+                               curve=arm in args.curve, max_steps=max_steps, rows=rows)
                 if max_steps is not None:
                     cell["reference_arm"] = reference
                 cell["commit"] = commit
                 cells.append(cell)
-                print(json.dumps({k: v for k, v in cell.items() if not k.startswith("loss_skill_")}), flush=True)
+                print(json.dumps({k: v for k, v in cell.items() if not k.startswith(("loss_skill_", "_"))}),
+                      flush=True)
                 with open(partial, "w", encoding="utf-8") as handle:  # survives an interruption; `out` (maybe
-                    json.dump({"cells": cells}, handle, indent=1)    # a --merge file) is written only at the end
+                    json.dump({"cells": _written(cells)}, handle, indent=1)  # a --merge file) is written at the end
     if os.path.exists(partial):
         os.remove(partial)
+    cells = _written(cells)
     redone = {(c["arm"], c["fraction"], c["seed"]) for c in cells}
     cells = [c for c in earlier.get("cells", []) if (c["arm"], c["fraction"], c["seed"]) not in redone] + cells
     arms = list(dict.fromkeys(earlier.get("arms", []) + args.arms))
@@ -368,6 +391,11 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(json.dumps(row))
     return 0
+
+
+def _written(cells: list[dict]) -> list[dict]:
+    """The cells without their in-memory fields (`_rows`: a ClusterTrainer arm's kept rows)."""
+    return [{k: v for k, v in c.items() if not k.startswith("_")} for c in cells]
 
 
 if __name__ == "__main__":

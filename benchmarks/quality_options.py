@@ -172,12 +172,13 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace,
         try:
             arm_config(arm, args.fractions[0], args.seeds[0] if args.seeds else 0)
         except (ValueError, TypeError) as error:
-            parser.error(f"--arms {arm}: {error} (arms: full, random, random_same_steps, default, paper_selection, "
-                         "cfg:FIELD=VALUE,...)")
-    if "random_same_steps" in args.arms and arm_config is not None and not any(
-            arm_config(a, args.fractions[0], 0) is not None for a in args.arms[: args.arms.index("random_same_steps")]):
-        parser.error("--arms random_same_steps matches the steps of a ClusterTrainer arm: list one (default, "
-                     "cfg:...) before it")
+            parser.error(f"--arms {arm}: {error} (arms: full, random, random_same_steps, selection_same_steps, "
+                         "default, paper_selection, cfg:FIELD=VALUE,...)")
+    for same in ("random_same_steps", "selection_same_steps"):
+        if same in args.arms and arm_config is not None and not any(
+                arm_config(a, args.fractions[0], 0) is not None for a in args.arms[: args.arms.index(same)]):
+            parser.error(f"--arms {same} matches the steps of a ClusterTrainer arm: list one (default, "
+                         "cfg:...) before it")
     unknown = sorted(set(args.curve or []) - set(args.arms))
     if unknown:
         parser.error(f"--curve names arms this run does not train: {unknown} (arms: {args.arms})")

@@ -11,7 +11,8 @@ Built offline and deterministically (seeded by `quality_tasks.POOL_SEED`) from t
   (SemDeDup, arXiv 2303.09540, removes both kinds). Copies are appended after the original rows.
 
 The test set stays clean; `groups_train` follows the rows (a copy keeps its source's group, a noisy row its skill or,
-on a classification task, its new label).
+on a classification task, its new label); `Task.corrupted` marks the rows whose label/reply was replaced and the
+appended copies (`quality.py` reports their share among the kept rows).
 """
 
 from __future__ import annotations
@@ -95,16 +96,19 @@ def corrupted(task: Task, label_noise: float = 0.0, duplicates: float = 0.0) -> 
 
     rng = np.random.default_rng([POOL_SEED, round(100 * label_noise), round(100 * duplicates)])
     rows, groups = _rows(task.train), np.asarray(task.groups_train)
-    name = task.name
+    name, changed = task.name, np.zeros(len(rows), dtype=bool)
     if label_noise:
+        clean = rows
         if _is_sft(rows):
             rows = _swap_replies(rows, groups, label_noise, rng)
         else:
             rows = _flip_labels(rows, task.n_groups, label_noise, rng)
             groups = np.asarray([r["labels"] for r in rows])
+        changed = np.array([a["labels"] != b["labels"] for a, b in zip(rows, clean)])
         name += f"_noise{round(100 * label_noise)}"
     if duplicates:
         copies, sources = _duplicate(rows, duplicates, rng)
         rows, groups = rows + copies, np.concatenate([groups, groups[sources]])
+        changed = np.concatenate([changed, np.ones(len(copies), dtype=bool)])
         name += f"_dup{round(100 * duplicates)}"
-    return dataclasses.replace(task, name=name, train=Dataset.from_list(rows), groups_train=groups)
+    return dataclasses.replace(task, name=name, train=Dataset.from_list(rows), groups_train=groups, corrupted=changed)

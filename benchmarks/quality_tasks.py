@@ -56,6 +56,7 @@ class Task:
     evaluate: Callable[[torch.nn.Module], dict]  # model -> metrics (main metric first)
     main_metric: str
     higher_is_better: bool
+    corrupted: np.ndarray | None = None  # rows `[n]` a noisy/redundant pool changed or added (`quality_pools`)
 
 
 def _minilm_tokenizer():

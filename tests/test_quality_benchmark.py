@@ -22,17 +22,22 @@ def test_quick_quality_benchmark(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     completed = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "quality.py"), "--quick", "--arms", "full", "random", "default",
-         "random_same_steps", "--epochs", "2", "--curve", "full", "default", "--out", str(out)], env=env, capture_output=True, text=True, timeout=900, check=False)
+         "random_same_steps", "selection_same_steps", "--epochs", "2", "--curve", "full", "default", "--out", str(out)], env=env, capture_output=True, text=True, timeout=900, check=False)
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["task"] == "20ng" and result["metric"] == "accuracy" and result["n_train"] == 96
     cells = {c["arm"]: c for c in result["cells"]}
-    assert set(cells) == {"full", "random", "default", "random_same_steps"}
+    assert set(cells) == {"full", "random", "default", "random_same_steps", "selection_same_steps"}
     assert cells["full"]["n_kept"] == 96 and cells["random"]["n_kept"] == cells["default"]["n_kept"] == 48
     # random_same_steps: random's rows, as many optimizer steps as the default arm (its warm-up included)
     same = cells["random_same_steps"]
     assert same["n_kept"] == 48 and same["reference_arm"] == "default"
     assert same["steps"] == cells["default"]["steps"] > cells["random"]["steps"]
+    # selection_same_steps: the default's kept rows (the same class counts), stock Trainer, the default's steps
+    kept = cells["selection_same_steps"]
+    assert kept["n_kept"] == 48 and kept["steps"] == cells["default"]["steps"] and kept["reference_arm"] == "default"
+    assert kept["min_share_ratio"] == cells["default"]["min_share_ratio"] != same["min_share_ratio"]
+    assert "_rows" not in cells["default"]
     for cell in cells.values():
         for key in ("accuracy", "macro_f1", "seconds", "tv_distance", "min_share_ratio"):
             assert math.isfinite(cell[key]), (cell["arm"], key)
@@ -53,6 +58,8 @@ def test_quick_quality_benchmark(tmp_path):
     assert rows["default"]["paired_gain_vs_same_steps"] == pytest.approx(cells["default"]["accuracy"]
                                                                          - same["accuracy"])
     assert "paired_gain_vs_same_steps" not in rows["random"]
+    assert rows["selection_same_steps"]["paired_gain_vs_same_steps"] == pytest.approx(kept["accuracy"]
+                                                                                      - same["accuracy"])
     assert (tmp_path / "quality.png").stat().st_size > 0
     table = (tmp_path / "quality.md").read_text()
     assert "| default | " in table and f"{100 * cells['default']['accuracy']:.1f} ± 0.0" in table
@@ -66,10 +73,10 @@ def test_quick_quality_benchmark(tmp_path):
     assert completed.returncode == 0, completed.stderr[-3000:]
     both = json.loads(merged.read_text())
     assert not (tmp_path / "merged.partial.json").exists()  # the running cells go there, removed at the end
-    assert sorted((c["arm"], c["seed"]) for c in both["cells"]) == [("default", 0), ("full", 0), ("random", 0),
-                                                                    ("random", 1), ("random_same_steps", 0)]
+    assert sorted((c["arm"], c["seed"]) for c in both["cells"]) == [
+        ("default", 0), ("full", 0), ("random", 0), ("random", 1), ("random_same_steps", 0), ("selection_same_steps", 0)]
     assert all(c["commit"] == result["commit"] for c in both["cells"]) and both["commits"] == [result["commit"]]
-    assert both["arms"] == ["full", "random", "default", "random_same_steps"]
+    assert both["arms"] == ["full", "random", "default", "random_same_steps", "selection_same_steps"]
     random_row = next(r for r in both["summary"] if r["arm"] == "random")
     assert random_row["n_seeds"] == 2
     # --merge-only: several files, the later one's cells win, nothing runs
@@ -107,6 +114,7 @@ def test_quick_quality_benchmark(tmp_path):
     (["--merge", "missing.json", "--merge-only"], "--merge missing.json: [Errno 2]"),
     (["--merge", "missing.json"], "--merge missing.json: [Errno 2]"),
     (["--arms", "random", "bogus"], "--arms bogus: unknown arm 'bogus'"),
+    (["--arms", "random", "selection_same_steps"], "--arms selection_same_steps matches the steps of a ClusterTrainer"),
     (["--arms", "cfg:no_such_field=1"], "--arms cfg:no_such_field=1: "),
     (["--arms", "cfg:selection_seed"], "--arms cfg:selection_seed: "),
     (["--fractions", "1.5"], "--fractions must lie strictly between 0 and 1"),

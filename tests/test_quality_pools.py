@@ -38,6 +38,7 @@ def test_label_noise_flips_the_share_of_labels_to_another_class():
     assert int((before != after).sum()) == 10  # round(0.25 * 40), each to another class
     assert after.min() >= 0 and after.max() < 4
     assert np.array_equal(noisy.groups_train, after)
+    assert np.array_equal(noisy.corrupted, before != after) and clean.corrupted is None
     assert noisy.train["input_ids"] == clean.train["input_ids"]
 
 
@@ -45,7 +46,7 @@ def test_reply_swap_keeps_the_prompt_and_takes_another_skills_reply():
     clean = _task(sft=True)
     noisy = quality_pools.corrupted(clean, label_noise=0.5)
     changed = [i for i in range(40) if noisy.train[i]["labels"] != clean.train[i]["labels"]]
-    assert len(changed) == 20
+    assert len(changed) == 20 and np.flatnonzero(noisy.corrupted).tolist() == changed
     for i in changed:
         row = noisy.train[i]
         assert row["input_ids"][:5] == clean.train[i]["input_ids"][:5] and row["labels"][:5] == [-100] * 5
@@ -61,6 +62,7 @@ def test_duplicates_copy_a_small_source_set_half_exactly(sft):
     clean = _task(sft=sft)
     redundant = quality_pools.corrupted(clean, duplicates=0.5)
     assert redundant.name == "toy_dup50" and len(redundant.train) == 60
+    assert np.flatnonzero(redundant.corrupted).tolist() == list(range(40, 60))  # the appended copies
     originals = clean.train["input_ids"]
     assert redundant.train["input_ids"][:40] == originals
     copies = [redundant.train[i] for i in range(40, 60)]
