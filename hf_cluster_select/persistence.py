@@ -57,7 +57,8 @@ def data_fingerprint(lengths: np.ndarray, tokens: str | None = None) -> str:
 
 # Config fields that do not change which examples are selected or their weights (batching only: a resumed run may
 # change them, and trains its remaining batches in the new setting's plan).
-NOT_SELECTION_FIELDS = frozenset({"balance_tokens", "balance_window", "feature_batch_size", "order"})
+NOT_SELECTION_FIELDS = frozenset({"balance_tokens", "balance_window", "feature_batch_size", "order",
+                                  "reset_optimizer_state"})
 
 
 def _resolved(values: dict) -> dict:

@@ -13,7 +13,7 @@ Every stage has a base class whose settings apply to all its strategies:
 - `ClusteringSettings` (`cluster_method`): `pca_dim`, `cluster_sample_size`; subclasses add their own
   (`selection.kmeans_clusterer`, `selection.hdbscan_clusterer`).
 - `SelectionSettings` (`within_cluster`): `quota`, `near_duplicate_threshold`, `duplicate_weight`.
-- `AllocationSettings` (`allocation`): `balance_tokens`, `balance_window`.
+- `AllocationSettings` (`allocation`): `balance_tokens`, `balance_window`, `reset_optimizer_state`.
 - `TargetSettings` (targeted selection, when the run has a target set): `target_rule`, `target_coverage`,
   `target_column`.
 
@@ -195,8 +195,16 @@ class AllocationSettings:
             20 Newsgroups they were 1–20 points lower (7 of 12 seeds). A checkpoint resumes with the batches of
             the current setting: set `True` to resume a one-process run started before `"auto"` with its batches.
         balance_window (`int`, defaults to `16`): look-ahead in micro-steps of the token balancing.
+        reset_optimizer_state (`bool`, defaults to `False`): clear the optimizer's per-parameter state (Adam's
+            moment estimates and step count) when training on the kept subset starts, after the warm-up; the
+            weights and the LR schedule carry on, and Adam restarts its bias correction. The warm-up's moments come
+            from the full pool, label noise included; LESS (Xia et al., arXiv 2402.04333) likewise does not carry
+            its warm-up's training into the training on the selected data. Measured in `benchmarks/README.md`
+            ("Noisy and redundant pools"). Not with DeepSpeed, whose engine owns the optimizer state (a warning;
+            nothing is cleared).
     Raises:
-        ValueError: if `balance_window` < 1. TypeError: if `balance_tokens` is not a bool or `"auto"`.
+        ValueError: if `balance_window` < 1. TypeError: if `balance_tokens` is not a bool or `"auto"`, or
+            `reset_optimizer_state` is not a bool.
     """
 
     balance_tokens: bool | str = field(default="auto", metadata={
@@ -205,10 +213,14 @@ class AllocationSettings:
     balance_window: int = field(default=16, metadata={
         "help": "Look-ahead, in micro-steps, from which token-balanced batches are filled (an example waits at "
                 "most this many steps)."})
+    reset_optimizer_state: bool = field(default=False, metadata={
+        "help": "Clear the optimizer's state (Adam's moments) when training on the kept subset starts, after the "
+                "warm-up on the full pool; weights and LR schedule carry on. Not with DeepSpeed."})
 
     def __post_init__(self) -> None:
         resolve_balance_tokens(self.balance_tokens, 1)  # checks it: a bool or "auto"
         check_int_setting("balance_window", self.balance_window, 1)
+        check_bool("reset_optimizer_state", self.reset_optimizer_state)
 
 
 def resolve_balance_tokens(balance_tokens: bool | str, world_size: int, budget_unit: str = "examples") -> bool:

@@ -555,3 +555,44 @@ def test_one_process_trains_fixed_batches_unless_token_balance_is_asked(tmp_path
     packed.train()
     sizes = [len(batch) for batch in packed.selection_run.subset_sampler.plan(1)]
     assert packed.selection_run.subset_sampler.balance_tokens is True and sum(sizes) == 48 and len(set(sizes)) > 1
+
+
+class AdamSteps(TrainerCallback):
+    """Records Adam's step count of the first trainable parameter after every optimizer step."""
+
+    def __init__(self):
+        self.steps = []
+
+    def on_step_end(self, args, state, control, optimizer=None, model=None, **kwargs):
+        parameter = next(p for p in model.parameters() if p.requires_grad)
+        self.steps.append(int(getattr(optimizer, "optimizer", optimizer).state[parameter]["step"]))
+
+
+def test_reset_optimizer_state_restarts_adam_at_the_subset_and_resumes_exactly(tmp_path, lm_dataset, collator,
+                                                                               _tiny_lm_base):
+    """`reset_optimizer_state=True`: 3 warm-up steps, then Adam starts again (step count 1) on the subset while
+    the weights and LR carry on; a run resumed at the transition (checkpoint-3, saved with the warm-up's state) or
+    mid-subset (checkpoint-9) ends with the uninterrupted run's weights. Off (the default), Adam counts on."""
+    import copy
+
+    config = ClusterSelectConfig(data_fraction=0.5, strategy_kwargs={"reset_optimizer_state": True})
+    runs = {}
+    for name, cfg in (("reset", config), ("kept", ClusterSelectConfig(data_fraction=0.5))):
+        trainer = build(tmp_path / name, copy.deepcopy(_tiny_lm_base), lm_dataset, collator, config=cfg,
+                        save_strategy="steps", save_steps=3)
+        steps = AdamSteps()
+        trainer.add_callback(steps)
+        trainer.train()
+        runs[name] = (trainer, steps.steps)
+    assert runs["reset"][1] == [1, 2, 3] + list(range(1, 25))
+    assert runs["kept"][1] == list(range(1, 28))
+    full, kept = runs["reset"][0], runs["kept"][0]
+    assert np.array_equal(full.selection.indices, kept.selection.indices)  # the selection is not affected
+    assert [b for s, b in full.seen] == [b for s, b in kept.seen]
+    assert any(not torch.allclose(p, q) for p, q in zip(full.model.parameters(), kept.model.parameters()))
+    for step in (3, 9):
+        resumed = build(tmp_path / "reset", copy.deepcopy(_tiny_lm_base), lm_dataset, collator, config=config,
+                        save_strategy="no")
+        resumed.train(resume_from_checkpoint=str(tmp_path / "reset" / "out" / f"checkpoint-{step}"))
+        for (name, p), (_, q) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
+            assert torch.allclose(p, q, atol=1e-6), (step, name)

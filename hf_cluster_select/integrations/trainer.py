@@ -17,6 +17,7 @@ it is then (after a warm-up on the full data, as the first call did); `resume_fr
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 from functools import partial
 from typing import Any
@@ -276,6 +277,8 @@ class ClusterSelectMixin(SelectionOutputsMixin):
             if run.selection is None:
                 self.run_selection(model)
             train_dataloader = self._cs_subset_dataloader()
+            if self.state.global_step == run.plan.warmup_steps > 0:  # the first subset step, also when resumed there
+                self._cs_reset_optimizer_state()
         if run.pending_metrics is not None:
             pending, run.pending_metrics = run.pending_metrics, None
             self.log(pending)
@@ -291,6 +294,14 @@ class ClusterSelectMixin(SelectionOutputsMixin):
             )
         finally:
             run.clock.stop(phase)
+
+    def _cs_reset_optimizer_state(self) -> None:
+        """Clear the optimizer's per-parameter state when `reset_optimizer_state` is set (`AllocationSettings`)."""
+        if not self.cluster_config.allocation_settings.reset_optimizer_state or self.optimizer is None:
+            return
+        if self.is_deepspeed_enabled:  # its engine owns the state
+            return warnings.warn("reset_optimizer_state=True is ignored under DeepSpeed.", stacklevel=2)
+        getattr(self.optimizer, "optimizer", self.optimizer).state.clear()  # through accelerate's wrapper
 
     # ---- selection ------------------------------------------------------------------------------------------------
     def run_selection(self, model: torch.nn.Module | None = None) -> None:
