@@ -1,9 +1,10 @@
-"""The `hf-cluster-select` command (layer L5): `select`, `report` and `demo`.
+"""The `hf-cluster-select` command: `select`, `report`, `demo` and `cache` (layer L5).
 
     hf-cluster-select select --model PATH --dataset FILE_OR_FOLDER --prompt-column q --completion-column a \\
         --data-fraction 0.3 --output DIR
     hf-cluster-select report DIR
     hf-cluster-select demo [--quick]
+    hf-cluster-select cache list
 
 `select` computes the features, the clusters and the selection of a dataset without training (a progress bar
 over the feature batches, one line per phase) and writes to `--output` (new or empty unless `--overwrite`): the
@@ -116,7 +117,7 @@ def config_from_args(args: argparse.Namespace) -> ClusterSelectConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-cluster-select", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="hf-cluster-select", description=__doc__.split("\n\n")[0].split(" (layer")[0] + ".")
     commands = parser.add_subparsers(dest="command", required=True)
     select = commands.add_parser("select", help="features, clusters and the selection of a dataset (no training)",
                                  description=__doc__.split("\n\n")[2])
