@@ -45,18 +45,26 @@ def _config_options(parser: argparse.ArgumentParser) -> None:
             continue
         default = field.default if field.default is not dataclasses.MISSING else None
         group.add_argument("--" + field.name.replace("_", "-"), dest="cfg_" + field.name, default=default,
-                           metavar=_metavar(field), choices=field.metadata.get("choices"),
+                           metavar=_metavar(field), choices=field.metadata.get("choices"), type=_auto_type(field),
                            help=f"{field.metadata.get('help', '')} (default: {default!r})")
     settings = parser.add_argument_group("strategy settings (strategy_kwargs; each applies to the strategies that "
                                          "take it, docs/configuration.md)")
     for name, field in _setting_fields().items():
         settings.add_argument("--" + name.replace("_", "-"), dest="set_" + name, default=SUPPRESS_SETTING,
-                              metavar=_metavar(field), choices=field.metadata.get("choices"),
+                              metavar=_metavar(field), choices=field.metadata.get("choices"), type=_auto_type(field),
                               help=f"{field.metadata.get('help', '')} (default: {field.default!r})")
 
 
 SUPPRESS_SETTING = object()  # a strategy setting left unset: the strategy's default applies
 FIELDS_NOT_OPTIONS = ("target",)  # `select` has no eval set: its `--target` is a data file (build_parser)
+
+
+def _auto_type(field: dataclasses.Field) -> Any:
+    """argparse `type` of an option: `auto` in any case for a field or setting whose default is `"auto"` (so that
+    `AUTO` passes a choices check), the text as given otherwise."""
+    if field.default != AUTO:
+        return None
+    return lambda text: AUTO if text.strip().lower() == AUTO else text
 
 
 def _metavar(field: dataclasses.Field) -> str:
@@ -85,13 +93,13 @@ def _parse_value(name: str, text: Any, default: Any) -> Any:
             also = ", or auto" if name == "balance_tokens" else ""
             raise ValueError(f"`--{name.replace('_', '-')}` must be true or false (yes/no, 1/0{also}), got {text!r}.")
         return text.lower() in TRUE
+    if default == AUTO and text.strip().lower() == AUTO:  # any case, for every field or setting that takes "auto"
+        return AUTO
     if name in ("selection_warmup_steps", "strategy_kwargs", "stratify_column") or \
             (isinstance(default, str) and not (default == AUTO and name == "near_duplicate_threshold")):
         return None if name == "stratify_column" and text == "None" else text
     if text.strip().lower() in ("none", "null"):
         return None
-    if default == AUTO and text.strip().lower() == AUTO:
-        return AUTO
     for kind in (int, float):
         try:
             return kind(text)

@@ -331,3 +331,17 @@ def test_top_level_help_names_every_command_and_no_internal_layer():
     text = build_parser().format_help()
     assert "`select`, `report`, `demo` and `cache`." in text and "layer" not in text
     assert "{select,report,demo,cache}" in text
+
+
+def test_auto_is_accepted_in_any_case_by_every_option_that_takes_it():
+    args = build_parser().parse_args([
+        "select", "--model", "m", "--dataset", "d", "--output", "o", "--duplicate-weight", "AUTO",
+        "--feature-precision", "Auto", "--feature", "AUTO", "--near-duplicate-threshold", "AUTO",
+        "--balance-tokens", "AUTO", "--quota", "uniform",
+    ])
+    config = config_from_args(args)
+    assert (config.feature, config.selection_settings.duplicate_weight, config.feature_settings.feature_precision,
+            config.selection_settings.near_duplicate_threshold, config.allocation_settings.balance_tokens,
+            config.selection_settings.quota) == ("auto", "auto", "auto", "auto", "auto", "uniform")
+    with pytest.raises(SystemExit):  # other text still meets the choices check
+        build_parser().parse_args(["select", "--model", "m", "--dataset", "d", "--output", "o", "--quota", "UNIFORM"])
