@@ -26,6 +26,7 @@ import sys
 from typing import Any, Sequence
 
 from .config import ClusterSelectConfig, registered_settings
+from .reporting.model_card import duplicate_settings
 from .settings import AUTO
 
 TEXT_PREVIEW = 120  # characters of each example shown by `report`
@@ -253,8 +254,9 @@ def _near_duplicate_lines(report: dict) -> list[str]:
     """With the token near-duplicate check run: how many examples it put into an earlier example's group."""
     if report.get("n_near_duplicate_rows") is None:
         return []
+    settings = duplicate_settings(report.get("clustering_params") or {})
     return [f"near duplicates: {report['n_near_duplicate_rows']} examples joined an earlier example's group "
-            f"(token check, {report.get('near_duplicates_seconds') or 0:.2f} s)"]
+            f"(token check, {settings}, {report.get('near_duplicates_seconds') or 0:.2f} s)"]
 
 
 def _target_lines(target: dict | None) -> list[str]:

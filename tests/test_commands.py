@@ -324,7 +324,8 @@ def test_select_reports_the_copies_the_near_duplicate_check_joined(tmp_path, mod
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["n_near_duplicate_rows"] == 5 and summary["n_kept"] == 11
     assert json.load(open(os.path.join(out, "selection_report.json")))["n_near_duplicate_rows"] == 5
-    assert "near duplicates: 5 examples joined an earlier example's group" in format_report(out)
+    assert ("near duplicates: 5 examples joined an earlier example's group (token check, "
+            "near_duplicate_threshold=0.7, duplicate_weight='group', ") in format_report(out)
 
 
 def test_top_level_help_names_every_command_and_no_internal_layer():

@@ -46,7 +46,7 @@ def _count(value: Any) -> str:
     return NOT_MEASURED if value is None else f"{int(value):,}"
 
 
-def _duplicate_settings(params: dict) -> str:
+def duplicate_settings(params: dict) -> str:
     """The near-duplicate settings a run used (`"auto"` resolved), e.g. `near_duplicate_threshold=0.7,
     duplicate_weight='one'`; the setting's name alone for reports written before they were recorded."""
     if params.get("near_duplicate_threshold") is None:
@@ -213,7 +213,7 @@ def _summary_rows(r: Mapping[str, Any]) -> list[tuple[str, str, str]]:
          "examples whose labels are all -100: kept out of clustering, selected only if the budget needs them"),
         *([("Near-duplicate examples", f"{_count(r['n_near_duplicate_rows'])} in "
             f"{_seconds(r.get('near_duplicates_seconds'))}", "examples whose tokens are near copies of an earlier "
-            f"example's ({_duplicate_settings(r.get('clustering_params') or {})}): one candidate per group")]
+            f"example's ({duplicate_settings(r.get('clustering_params') or {})}): one candidate per group")]
           if r.get("n_near_duplicate_rows") is not None else []),
         ("Clustering method", r.get("clustering_method") or NOT_MEASURED,
          f"fallback: {fallback}" if fallback else "no fallback: the clusterer's result was used as is"),
