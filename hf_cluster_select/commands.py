@@ -94,13 +94,13 @@ def _parse_value(name: str, text: Any, default: Any) -> Any:
             also = ", or auto" if name == "balance_tokens" else ""
             raise ValueError(f"`--{name.replace('_', '-')}` must be true or false (yes/no, 1/0{also}), got {text!r}.")
         return text.lower() in TRUE
-    if default == AUTO and text.strip().lower() == AUTO:  # any case, for every field or setting that takes "auto"
-        return AUTO
     if name in ("selection_warmup_steps", "strategy_kwargs", "stratify_column") or \
             (isinstance(default, str) and not (default == AUTO and name == "near_duplicate_threshold")):
         return None if name == "stratify_column" and text == "None" else text
     if text.strip().lower() in ("none", "null"):
         return None
+    if default == AUTO and text.strip().lower() == AUTO:
+        return AUTO
     for kind in (int, float):
         try:
             return kind(text)
@@ -126,7 +126,8 @@ def config_from_args(args: argparse.Namespace) -> ClusterSelectConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-cluster-select", description=__doc__.split("\n\n")[0].split(" (layer")[0] + ".")
+    summary = __doc__.split("\n\n")[0].split(" (layer")[0] + "."  # the first line, without the internal layer tag
+    parser = argparse.ArgumentParser(prog="hf-cluster-select", description=summary)
     commands = parser.add_subparsers(dest="command", required=True)
     select = commands.add_parser("select", help="features, clusters and the selection of a dataset (no training)",
                                  description=__doc__.split("\n\n")[2])

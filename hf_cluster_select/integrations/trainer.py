@@ -300,8 +300,9 @@ class ClusterSelectMixin(SelectionOutputsMixin):
         if not self.cluster_config.allocation_settings.reset_optimizer_state or self.optimizer is None:
             return
         if self.is_deepspeed_enabled:  # its engine owns the state
-            return warnings.warn("reset_optimizer_state=True is ignored under DeepSpeed.", stacklevel=2)
-        getattr(self.optimizer, "optimizer", self.optimizer).state.clear()  # through accelerate's wrapper
+            warnings.warn("reset_optimizer_state=True is ignored under DeepSpeed.", stacklevel=2)
+        else:
+            getattr(self.optimizer, "optimizer", self.optimizer).state.clear()  # through accelerate's wrapper
 
     # ---- selection ------------------------------------------------------------------------------------------------
     def run_selection(self, model: torch.nn.Module | None = None) -> None:
