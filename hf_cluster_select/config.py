@@ -124,9 +124,7 @@ class ClusterSelectConfig:
             except ValueError:
                 raise ValueError(f"`selection_warmup_steps` must be an int >= 0 or None, got {text!r}.") from None
         check_optional_int("selection_warmup_steps", self.selection_warmup_steps, 0)
-        if self.feature != AUTO_FEATURE and self.feature not in registry.FEATURES:
-            raise ValueError(f"`feature` must be one of {[AUTO_FEATURE] + registry.FEATURES.names()}, "
-                             f"got {self.feature!r}.")
+        _check_feature(self.feature)
         for name in ("cluster_method", "within_cluster", "allocation"):
             registry.STAGES[name].get(getattr(self, name))  # ValueError naming the field and the names there are
         if isinstance(self.stratify_column, str) and self.stratify_column.strip().lower() in ("none", "null"):
@@ -330,8 +328,15 @@ def _kwargs_dict(given: Any) -> dict[str, Any]:
     return dict(given)
 
 
+def _check_feature(name: Any) -> None:
+    """ValueError listing `"auto"` and the registered signals, unless `name` is one of them."""
+    if not isinstance(name, str) or (name != AUTO_FEATURE and name not in registry.FEATURES):
+        raise ValueError(f"`feature` must be one of {[AUTO_FEATURE] + registry.FEATURES.names()}, got {name!r}.")
+
+
 def _settings_classes(chosen: dict[str, Any]) -> dict[str, type]:
     """Stage → settings class of the strategy named in `chosen` (stage → name; `"auto"` → the stage's base)."""
+    _check_feature(chosen["feature"])
     classes = {}
     for stage, table in registry.STAGES.items():
         name = chosen[stage]

@@ -72,10 +72,16 @@ def _resolved(values: dict) -> dict:
         return flat
 
 
-def config_differences(saved: dict, current: dict, ignore: tuple[str, ...] = ()) -> list[str]:
+def config_differences(saved: dict, current: dict, ignore: tuple[str, ...] = (),
+                       resolved_as: dict | None = None) -> list[str]:
     """`field: saved in the checkpoint, current now` for every selection-relevant `ClusterSelectConfig` field or
-    strategy setting (`ClusterSelectConfig.resolved()`) that differs (fields missing on one side, from another version, and the fields in `ignore` are skipped)."""
+    strategy setting (`ClusterSelectConfig.resolved()`) that differs (fields missing on one side, from another
+    version, and the fields in `ignore` are skipped). An `"auto"` `near_duplicate_threshold` or `duplicate_weight` on
+    either side is compared as what it resolved to in the saved run (`resolved_as`: its report's `clustering_params`;
+    `SelectionRun.check_saved` checks the model is the same)."""
     saved, current = _resolved(saved), _resolved(current)
+    for name in set(resolved_as or {}) & {"near_duplicate_threshold", "duplicate_weight"} & set(saved) & set(current):
+        saved[name], current[name] = (resolved_as[name] if s[name] == "auto" else s[name] for s in (saved, current))
     skip = NOT_SELECTION_FIELDS | set(ignore)
     return [f"{name}: {saved[name]!r} in the checkpoint, {current[name]!r} now"
             for name in sorted(set(saved) & set(current)) if name not in skip and saved[name] != current[name]]
@@ -179,8 +185,7 @@ def _read_selection(path: str) -> SavedSelection:
 
 
 def load_selection(folder: str) -> SavedSelection | None:
-    """Read `folder/cluster_selection.npz` and check it (`validate_saved_selection`); `None` when the folder has
-    none.
+    """Read `folder/cluster_selection.npz` and check it (`validate_saved_selection`); `None` when there is none.
 
     Raises:
         ValueError: if the file exists but is unreadable (empty, truncated, not an `.npz`) or fails a check; one

@@ -152,10 +152,7 @@ def select_with_model(
     if distributed.rank() == 0:
         result = cluster_features(np.asarray(features), config, world_size=distributed.world_size(),
                                   loss_tokens=loss_tokens, merge_unclusterable=merge_unclusterable)
-        settings = config.selection_settings  # what "auto" resolved to, for the report and the model card
-        result = dataclasses.replace(result, params={
-            **result.params, "near_duplicate_threshold": settings.near_duplicate_threshold,
-            "duplicate_weight": settings.duplicate_weight})
+        result = with_duplicate_settings(result, config)
         if token_groups is not None:
             result = with_near_duplicates(result, token_groups)
         target_summary = None
@@ -188,6 +185,16 @@ def with_duplicates_resolved(config: ClusterSelectConfig, model: torch.nn.Module
     threshold, weight = resolve_duplicates(config.selection_settings, token_level=token_level, token_check=not sharded)
     kwargs = {**(config.strategy_kwargs or {}), "near_duplicate_threshold": threshold, "duplicate_weight": weight}
     return dataclasses.replace(config, strategy_kwargs=kwargs)
+
+
+def with_duplicate_settings(result: ClusteringResult, config: ClusterSelectConfig) -> ClusteringResult:
+    """`result` with `params["near_duplicate_threshold"]` and `params["duplicate_weight"]`: what `"auto"` resolved
+    to (`with_duplicates_resolved`), for the report, the model card and a resumed run's comparison
+    (`persistence.config_differences`)."""
+    settings = config.selection_settings
+    return dataclasses.replace(result, params={**result.params,
+                                               "near_duplicate_threshold": settings.near_duplicate_threshold,
+                                               "duplicate_weight": settings.duplicate_weight})
 
 
 def _token_groups(dataset: Any, config: ClusterSelectConfig, clock: PhaseClock) -> np.ndarray | None:
@@ -312,6 +319,7 @@ def _select_sharded_with_model(model, dataset, collator, *, config: ClusterSelec
     chosen, result = select_sharded(output.features, local, n, config, loss_tokens=output.loss_tokens,
                                     norms=output.norms, losses=None if truncated else output.losses,
                                     return_clustering=True)
+    result = with_duplicate_settings(result, config)
     feature_map = None
     if distributed.rank() == 0:
         feature_map = feature_map_points(output.features, config.selection_seed)

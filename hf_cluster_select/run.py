@@ -286,8 +286,7 @@ class SelectionRun:
         ordered_by, self.batch_order, self.batch_order_fallback = resolve_difficulty(self.config.order, self.difficulty)
         if self.batch_order_fallback and distributed.rank() == 0:
             logger.warning("%s.", self.batch_order_fallback)
-        if report is not None:
-            self.report = report
+        self.report = report if report is not None else self.report
         if self.report is not None:
             self.report.batch_order, self.report.batch_order_fallback = self.batch_order, self.batch_order_fallback
         self.labels, self.raw_labels = np.asarray(labels, dtype=np.int64), np.asarray(raw_labels, dtype=np.int64)
@@ -337,7 +336,8 @@ class SelectionRun:
             now = "" if both else f" (this run has {'one' if self.target_fingerprint else 'none'})"
             raise ValueError(f"the selection saved in the checkpoint was made for {made}{now}; resume with the same "
                              "`target_dataset` (or `eval_dataset` for target='eval'), or start a new run.")
-        changed = config_differences(saved.config or {}, self.config.to_dict(), ignore)
+        changed = config_differences(saved.config or {}, self.config.to_dict(), ignore,
+                                     (saved.extra.get("report") or {}).get("clustering_params"))
         if changed:
             raise ValueError(
                 "the selection saved in the checkpoint was made with other selection settings ("

@@ -18,6 +18,7 @@ from transformers import (
     T5ForConditionalGeneration,
 )
 
+from hf_cluster_select import ClusterSelectConfig
 from hf_cluster_select.features import FeatureOutput, RandomProjection, last_layer_grad_features
 
 torch.set_num_threads(1)
@@ -208,6 +209,49 @@ def test_llama_sequence_classification_pools_last_token():
         torch.testing.assert_close(out.features[i], expected, atol=1e-5, rtol=0)
     unlabeled = run(model, [{"input_ids": x["input_ids"]} for x in data], batch_size=4)  # BADGE: predicted class
     assert torch.isfinite(unlabeled.features).all() and unlabeled.loss_tokens.tolist() == [1] * len(data)
+
+
+def _encoder_decoder_classifier(name: str) -> torch.nn.Module:
+    """A tiny BART or T5 sequence classifier (3 labels; EOS 2, PAD 0): its head is `classification_head`, dense →
+    tanh → `out_proj`, on the decoder's state at the last EOS."""
+    import transformers
+
+    small = dict(vocab_size=VOCAB, num_labels=3, pad_token_id=PAD, eos_token_id=2, decoder_start_token_id=PAD)
+    if name == "bart":
+        config = transformers.BartConfig(d_model=HIDDEN, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                                         decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                                         max_position_embeddings=64, bos_token_id=3, forced_eos_token_id=None, **small)
+        return transformers.BartForSequenceClassification(config).eval()
+    config = transformers.T5Config(d_model=HIDDEN, d_kv=8, d_ff=64, num_layers=1, num_heads=4, **small)
+    return transformers.T5ForSequenceClassification(config).eval()
+
+
+@pytest.mark.parametrize("name", ["bart", "t5"])
+def test_encoder_decoder_sequence_classification_heads_are_recognised(name):
+    """BART's and T5's `classification_head`: the signal is the last-layer gradient of its `out_proj` (the input
+    `h` is the pooled EOS state after dense → tanh), row for row what autograd gives on each example alone; it
+    counts as a classification head (feature "auto" → BADGE, the near-duplicate check on)."""
+    from hf_cluster_select.features.head_tokens import resolve_head
+    from hf_cluster_select.pipeline import with_duplicates_resolved
+
+    torch.manual_seed(0)
+    model = _encoder_decoder_classifier(name)
+    assert resolve_head(model) == (model.classification_head.out_proj, False)
+    settings = with_duplicates_resolved(ClusterSelectConfig(), model).selection_settings
+    assert (settings.near_duplicate_threshold, settings.duplicate_weight) == (0.7, "one")
+    data = [{"input_ids": [t % (VOCAB - 3) + 3 for t in x["input_ids"]] + [2], "labels": x["labels"]}
+            for x in classification_data()]  # one EOS at the end of each example, none elsewhere
+    out = run(model, data, batch_size=4)
+    assert out.features.shape == (len(data), HIDDEN) and out.loss_tokens.tolist() == [1] * len(data)
+    head = model.classification_head.out_proj
+    for i, x in enumerate(data):
+        captured = []
+        hook = head.register_forward_hook(lambda module, args, output: captured.append(args[0].detach()))
+        with torch.no_grad():
+            model(input_ids=torch.tensor([x["input_ids"]]))
+        hook.remove()
+        expected = reference_row(captured[0], head.weight, head.bias, torch.tensor([x["labels"]]))
+        torch.testing.assert_close(out.features[i], expected, atol=1e-5, rtol=0)
 
 
 def test_encoder_decoder_does_not_shift():

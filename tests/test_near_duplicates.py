@@ -12,6 +12,7 @@ import torch
 
 from hf_cluster_select import ClusterSelectConfig
 from hf_cluster_select._types import ClusteringResult
+from hf_cluster_select.persistence import config_differences
 from hf_cluster_select.selection.near_duplicates import (lsh_bands, minhash_signatures, near_duplicate_groups,
                                                          union_groups)
 
@@ -302,12 +303,14 @@ def test_a_classification_head_runs_the_check_by_default(tmp_path, tokenizer):
     dataset = dataset.remove_columns("labels").add_column("labels", [int(s % 3) for s in source])
     collator = DataCollatorWithPadding(tokenizer)
 
+    trainers = {}
+
     def run(name, **settings):
         torch.manual_seed(0)
         model = LlamaForSequenceClassification(tiny_assets.llama_config(len(tokenizer), num_labels=3,
                                                                         pad_token_id=tokenizer.pad_token_id))
-        trainer, report = train_on(tmp_path / name, model, dataset, collator, **settings)
-        return trainer.selection, report
+        trainers[name], report = train_on(tmp_path / name, model, dataset, collator, **settings)
+        return trainers[name].selection, report
 
     auto, report = run("auto")
     assert auto.indices.size == 36 and np.unique(source[auto.indices]).size == 36
@@ -316,12 +319,39 @@ def test_a_classification_head_runs_the_check_by_default(tmp_path, tokenizer):
     assert report["clustering_params"]["duplicate_weight"] == "one"
     assert "near_duplicate_threshold=0.7, duplicate_weight='one'" in (tmp_path / "auto" / "out" / "README.md").read_text()
     explicit, _ = run("explicit", near_duplicate_threshold=0.7, duplicate_weight="one")
+    auto_trainer, explicit_trainer = trainers["auto"], trainers["explicit"]
     np.testing.assert_array_equal(auto.indices, explicit.indices)
     np.testing.assert_allclose(auto.weights, explicit.weights)
+    # a checkpoint of the "auto" run resumes with the values spelt out, and the reverse; other values are refused
+    from hf_cluster_select.persistence import load_selection
+    auto_trainer.selection_run.save(str(tmp_path / "auto_ckpt"))
+    explicit_trainer.selection_run.save(str(tmp_path / "explicit_ckpt"))
+    explicit_trainer.selection_run.check_saved(load_selection(str(tmp_path / "auto_ckpt")))
+    auto_trainer.selection_run.check_saved(load_selection(str(tmp_path / "explicit_ckpt")))
     grouped, _ = run("group", near_duplicate_threshold=0.7, duplicate_weight="group")
+    with pytest.raises(ValueError, match="duplicate_weight: 'one' in the checkpoint, 'group' now"):
+        trainers["group"].selection_run.check_saved(load_selection(str(tmp_path / "auto_ckpt")))
     families = np.isin(source[grouped.indices], np.arange(8))  # the 8 sources with 4 near copies each
     assert grouped.weights[families].mean() > 2 * grouped.weights[~families].mean()
     assert auto.weights[families].mean() < 2 * auto.weights[~families].mean()
+
+
+def test_a_resumed_run_compares_auto_as_what_it_resolved_to():
+    """`config_differences` with the saved run's `clustering_params`: `"auto"` on either side stands for the
+    recorded value (0.7 / "one" for a classification head, None / "group" for a language model); a value that
+    differs from it is named; without the recorded values (an older checkpoint), "auto" differs from 0.7."""
+    auto = ClusterSelectConfig().to_dict()
+    spelt = ClusterSelectConfig(strategy_kwargs={"near_duplicate_threshold": 0.7, "duplicate_weight": "one"}).to_dict()
+    classifier = {"near_duplicate_threshold": 0.7, "duplicate_weight": "one", "n_clusters": 12}
+    language_model = {"near_duplicate_threshold": None, "duplicate_weight": "group"}
+    assert config_differences(auto, spelt, resolved_as=classifier) == []
+    assert config_differences(spelt, auto, resolved_as=classifier) == []
+    assert config_differences(auto, auto, resolved_as=language_model) == []
+    assert config_differences(auto, spelt, resolved_as=language_model) == [
+        "duplicate_weight: 'group' in the checkpoint, 'one' now",
+        "near_duplicate_threshold: None in the checkpoint, 0.7 now"]
+    assert config_differences(auto, spelt) == ["duplicate_weight: 'auto' in the checkpoint, 'one' now",
+                                               "near_duplicate_threshold: 'auto' in the checkpoint, 0.7 now"]
 
 
 def _templated_pool(prompt_tokens: int, n_rows: int = 40, body_tokens: int = 20):

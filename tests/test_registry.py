@@ -32,6 +32,16 @@ def test_config_accepts_exactly_the_registered_names(registry, field):
         ClusterSelectConfig(**{field: "nobody"})
 
 
+@pytest.mark.parametrize("build", [lambda value: ClusterSelectConfig(feature=value),
+                                   lambda value: ClusterSelectConfig.from_dict({"feature": value})])
+def test_a_bad_feature_is_refused_with_auto_among_the_choices(build):
+    """Built directly or from a dict (the command line's path), a bad `feature` lists `"auto"` first, then the
+    registered signals; a value that is not a str gets the same message, not a hashing error."""
+    for value, shown in (("nobody", "'nobody'"), (["badge"], r"\['badge'\]")):
+        with pytest.raises(ValueError, match=rf"`feature` must be one of \['auto', 'last_layer_grad', .*got {shown}"):
+            build(value)
+
+
 def test_registry_errors_name_the_choices():
     registry: Registry = Registry("within_cluster", SelectionSettings, "hf_cluster_select.selection")
     registry._loaded = True  # no built-ins: an empty table

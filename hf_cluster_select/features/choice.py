@@ -7,9 +7,9 @@
   On 16 Natural-Instructions skills (`benchmarks/coverage_ni.py`), SmolLM2-135M's hidden states after 20 of 30 blocks
   group the skills better than after all 30 and than BADGE's vocabulary-projected gradient (KMeans-16 ARI in
   `benchmarks/results/coverage_ni.json`), and the feature pass costs about 2/3 of a full one;
-- a **classification head** (`score` / `classifier`) gets `badge`, BADGE's whole last-layer gradient
-  `(p − onehot(y)) ⊗ h` (Ash et al., ICLR 2020), which carries the class and the error (the linear-probe and
-  20 Newsgroups benchmarks chose it).
+- a **classification head** (`score` / `classifier` / `classification_head`) gets `badge`, BADGE's whole
+  last-layer gradient `(p − onehot(y)) ⊗ h` (Ash et al., ICLR 2020), which carries the class and the error (the
+  linear-probe and 20 Newsgroups benchmarks chose it).
 
 An explicit `feature_layers` overrides the depth; any other `feature` is used as given. A truncated pass's
 per-example losses are not the model's (they come from the first blocks and the head): the pipeline keeps them from

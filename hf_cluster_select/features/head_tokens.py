@@ -18,7 +18,7 @@ import torch
 
 from ..loss_tokens import IGNORE_INDEX
 
-_HEAD_ATTRIBUTES = ("score", "classifier")
+_HEAD_ATTRIBUTES = ("score", "classifier", "classification_head")  # Llama/GPT-2, BERT/RoBERTa, BART/T5
 MAX_LOGIT_ELEMENTS = 1 << 25  # fp32 logits a signal sees at once: 128 MiB
 
 

@@ -204,7 +204,9 @@ def test_sharded_selection_gathers_no_feature_row(three, tmp_path, monkeypatch):
     single = worker.build_trainer("sharded", str(tmp_path / "one"), cls=worker.ClusterTrainer)
     single.plan()
     single.run_selection()
-    assert single.selection_report.clustering_params["sharded"] is True
+    params = single.selection_report.clustering_params
+    assert params["sharded"] is True  # and what "auto" resolved to: no token check on sharded selection
+    assert (params["near_duplicate_threshold"], params["duplicate_weight"]) == (None, "group")
     assert len(set(single.selection.indices.tolist()) & set(selection["indices"])) >= 32  # 34 measured
 
 
