@@ -111,18 +111,37 @@ def _parse_value(name: str, text: Any, default: Any) -> Any:
 
 def config_from_args(args: argparse.Namespace) -> ClusterSelectConfig:
     """The `ClusterSelectConfig` of the parsed options: the fields, and the strategy settings that were given
-    (`ClusterSelectConfig.from_flat`). Raises ValueError/TypeError from the config."""
+    (`ClusterSelectConfig.from_flat`).
+
+    Raises:
+        ValueError: if a setting is given both as its own option and in `--strategy-kwargs` with another value
+            (both are named); ValueError/TypeError from the config.
+    """
     values = {}
     for field in dataclasses.fields(ClusterSelectConfig):
         if field.name in FIELDS_NOT_OPTIONS:
             continue
         default = field.default if field.default is not dataclasses.MISSING else None
         values[field.name] = _parse_value(field.name, getattr(args, "cfg_" + field.name), default)
+    in_json = _json_settings(values.get("strategy_kwargs"))
     for name, field in _setting_fields().items():
         given = getattr(args, "set_" + name, SUPPRESS_SETTING)
         if given is not SUPPRESS_SETTING:
             values[name] = _parse_value(name, given, field.default)
+            if name in in_json and in_json[name] != values[name]:
+                raise ValueError(f"`{name}` is given twice: {values[name]!r} by `--{name.replace('_', '-')}` and "
+                                 f"{in_json[name]!r} in `--strategy-kwargs`; give it once.")
     return ClusterSelectConfig.from_flat(values)
+
+
+def _json_settings(text: Any) -> dict:
+    """The settings in `--strategy-kwargs` text; `{}` when there are none or the text is not a JSON object (the
+    config names that problem)."""
+    try:
+        given = json.loads(text) if isinstance(text, str) and text.strip() else {}
+    except json.JSONDecodeError:
+        return {}
+    return given if isinstance(given, dict) else {}
 
 
 def build_parser() -> argparse.ArgumentParser:

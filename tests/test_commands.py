@@ -99,6 +99,10 @@ def test_every_config_field_is_an_option_and_none_parses():
     as_json = config_from_args(parser.parse_args(["select", "--model", "m", "--dataset", "d", "--output", "o",
                                                   "--strategy-kwargs", '{"pca_dim": 32}', "--kept-per-cluster", "8"]))
     assert as_json.strategy_kwargs == {"kept_per_cluster": 8, "pca_dim": 32}  # JSON and options together
+    base = ["select", "--model", "m", "--dataset", "d", "--output", "o", "--strategy-kwargs", '{"pca_dim": 32}']
+    with pytest.raises(ValueError, match=r"`pca_dim` is given twice: 16 by `--pca-dim` and 32 in `--strategy-kwargs`"):
+        config_from_args(parser.parse_args(base + ["--pca-dim", "16"]))  # neither wins silently
+    assert config_from_args(parser.parse_args(base + ["--pca-dim", "32"])).strategy_kwargs == {"pca_dim": 32}
 
 
 def test_bad_columns_paths_and_values_are_one_line_errors(tmp_path, model_folder, data_file, capsys):
