@@ -356,6 +356,25 @@ def test_drop_loss_outliers_through_select_from_labels_keeps_the_budget_and_skip
     assert np.bincount(chosen.labels, minlength=4).tolist() == [15, 15, 15, 15]
 
 
+def test_rule_settings_are_checked_against_the_rule_before_selecting():
+    """A rule's own keyword arguments reach it (a lower `loss_outlier_z` drops more members: here every noisy row
+    and more); a key the rule does not take, or settings that are not a dict, are named before any work."""
+    rng = np.random.default_rng(0)
+    labels, points = np.repeat(np.arange(2), 20), rng.normal(size=(40, 3))
+    losses = np.r_[np.full(18, 1.0), 9.0, 9.0, np.full(18, 1.0), 9.0, 9.0] + rng.normal(0, 0.01, 40)
+    chosen = select_from_labels(labels, points, data_fraction=0.5, within_cluster="drop_loss_outliers", seed=0,
+                                losses=losses, rule_settings={"loss_outlier_z": 2.0})
+    assert chosen.n_kept == 20 and not np.isin(chosen.indices, [18, 19, 38, 39]).any()
+    with pytest.raises(ValueError, match=r"`rule_settings` \['z'\] are not settings of within_cluster="
+                                         r"'drop_loss_outliers'; it takes \['loss_outlier_z'\]"):
+        select_from_labels(labels, points, data_fraction=0.5, within_cluster="drop_loss_outliers",
+                           rule_settings={"z": 2})
+    with pytest.raises(ValueError, match=r"not settings of within_cluster='central'; it takes none"):
+        select_from_labels(labels, points, data_fraction=0.5, within_cluster="central", rule_settings={"z": 2})
+    with pytest.raises(TypeError, match="`rule_settings` must be a dict"):
+        select_from_labels(labels, points, data_fraction=0.5, rule_settings=[("z", 2)])
+
+
 @pytest.mark.parametrize("bad", [0, -1.0, float("inf"), float("nan"), True, "2", None])
 def test_loss_outlier_z_must_be_a_finite_positive_number(bad):
     from hf_cluster_select import ClusterSelectConfig

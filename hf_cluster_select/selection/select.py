@@ -42,7 +42,7 @@ from ..config import BUDGET_UNITS, ClusterSelectConfig
 from ..settings import SelectionSettings, check_choice, choices_of
 from .budget import selection_budget
 from .quotas import cluster_quotas
-from .within_cluster import WITHIN_CLUSTER_RULES, rule_settings_of
+from .within_cluster import WITHIN_CLUSTER_RULES, checked_rule_settings, rule_settings_of
 
 
 def _per_example(name: str, values: Any, n_total: int) -> np.ndarray:
@@ -175,14 +175,15 @@ def select_from_labels(
         of `inputs` (checking and converting the arguments), `units`, `quotas`, `within_cluster` and `weights`;
         only `inputs` when the budget keeps every eligible example).
     Raises:
-        ValueError: if `labels` is not 1-D, empty or negative, `reduced` is missing, misshapen or not finite, or
-            an option is out of range.
-        TypeError: if `seed` is not an int or `data_fraction` not a number.
+        ValueError: if `labels` is not 1-D, empty or negative, `reduced` is missing, misshapen or not finite, an
+            option is out of range, or `rule_settings` has a key the rule does not take.
+        TypeError: if `seed` is not an int, `data_fraction` not a number or `rule_settings` not a dict.
     """
     stages: dict[str, float] = {}
     began = time.perf_counter()
     labels = _checked_labels(labels)
     rule = WITHIN_CLUSTER_RULES.get(within_cluster)
+    rule_settings = checked_rule_settings(within_cluster, rule, rule_settings)
     check_choice("duplicate_weight", duplicate_weight, choices_of(SelectionSettings, "duplicate_weight"))
     duplicate_weight = "group" if duplicate_weight == "auto" else duplicate_weight
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):

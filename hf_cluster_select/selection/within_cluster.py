@@ -14,6 +14,7 @@ geometry sets `needs_points = False` and then gets `points` of shape `[n_c, 0]`.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -73,3 +74,31 @@ def rule_settings_of(config: Any) -> dict[str, Any]:
     shared = {f.name for f in dataclasses.fields(SelectionSettings)}
     settings = config.selection_settings
     return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name not in shared}
+
+
+def checked_rule_settings(name: str, rule: Any, settings: Any) -> dict[str, Any]:
+    """`settings` (a within-cluster rule's keyword arguments, `rule_settings_of`) checked against the rule's
+    signature before any selection work; `{}` for `None`.
+
+    Args:
+        name (`str`): the rule's registered name, for the message.
+        rule (callable): the rule (`WITHIN_CLUSTER_RULES.get(name)`).
+        settings (`dict[str, Any]` or `None`): the keyword arguments given.
+    Raises:
+        TypeError: if `settings` is not a dict with str keys.
+        ValueError: if a key is not a keyword parameter of the rule (the rule's own ones are listed).
+    """
+    if settings is None:
+        return {}
+    if not isinstance(settings, dict) or not all(isinstance(key, str) for key in settings):
+        raise TypeError(f"`rule_settings` must be a dict of keyword arguments, got {settings!r}.")
+    parameters = inspect.signature(rule).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return dict(settings)
+    own = [p for p in parameters if p not in ("points", "keep", "rng", "norms", "losses")]
+    unknown = sorted(set(settings) - set(own))
+    if unknown:
+        raise ValueError(f"`rule_settings` {unknown} are not settings of within_cluster={name!r}; it takes "
+                         f"{own or 'none'}.")
+    return dict(settings)
+
