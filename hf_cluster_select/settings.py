@@ -79,7 +79,8 @@ class FeatureSettings:
             head); `None` = all blocks, except that `feature="auto"` on a language model takes round(2/3 · n_layers).
         feature_precision (`str`, defaults to `"auto"`): the feature pass's forward in `"bf16"` (`torch.autocast`,
             features accumulated in fp32) or `"fp32"` (also under a Trainer's bf16 mixed precision); `"auto"` = bf16
-            on CUDA, fp32 elsewhere.
+            on CUDA, fp32 elsewhere. A model whose weights are bf16 runs its forward in bf16 whatever this says; the
+            report's `feature_used` then says "(bf16 forward)".
     Raises:
         ValueError: for a value out of range (named).
     """

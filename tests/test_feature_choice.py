@@ -149,6 +149,9 @@ def test_feature_precision_bf16_runs_the_pass_under_autocast(tokenizer, lm_datas
     assert identities["bf16"]["resolved_feature"] == ["hidden_mean", 2, True]
     with pytest.raises(ValueError, match="feature_precision"):
         ClusterSelectConfig(strategy_kwargs={"feature_precision": "fp16"})
+    bf16_model = lm(tokenizer, 3).to(torch.bfloat16)  # a model loaded in bf16: its forward is bf16 whatever the setting
+    assert resolve_run_facts(bf16_model, ClusterSelectConfig(strategy_kwargs={"feature_precision": "fp32"}),
+                             shift_labels=True).feature_used == "hidden_mean after 2 blocks (bf16 forward)"
 
 
 def test_fp32_features_stay_fp32_under_a_trainers_bf16_mixed_precision(tokenizer, lm_dataset, collator):

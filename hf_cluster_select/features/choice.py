@@ -77,11 +77,14 @@ def feature_autocast(feature_precision: str) -> bool | None:
 
 
 def forward_in_bf16(model: torch.nn.Module, autocast: bool | None) -> bool:
-    """Whether the feature pass runs `model`'s forward in bf16: `autocast` when set (`feature_autocast`), else
-    (`"auto"`) whether the model's parameters are on CUDA now."""
+    """Whether the feature pass runs `model`'s forward in bf16: always for a model whose parameters are bf16
+    (`torch_dtype=torch.bfloat16`: no setting makes its forward fp32), else `autocast` when set
+    (`feature_autocast`), else (`"auto"`) whether the model's parameters are on CUDA now."""
+    parameter = next(model.parameters(), None)
+    if parameter is not None and parameter.dtype == torch.bfloat16:
+        return True
     if autocast is not None:
         return bool(autocast)
-    parameter = next(model.parameters(), None)
     return parameter is not None and parameter.device.type == "cuda"
 
 
