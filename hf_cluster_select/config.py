@@ -233,7 +233,7 @@ class ClusterSelectConfig:
 
     def resolved(self) -> dict[str, Any]:
         """Every field but `strategy_kwargs`, and every setting of the chosen strategies with its resolved value:
-        one flat dict (what selection depends on is compared on it, `persistence.config_differences`)."""
+        one flat dict (what selection depends on is compared on it, `saved_selection.config_differences`)."""
         values = {k: v for k, v in self.to_dict().items() if k != "strategy_kwargs"}
         for settings in (self.feature_settings, self.cluster_settings, self.selection_settings,
                          self.allocation_settings, self.target_settings):

@@ -3,9 +3,10 @@
 A checkpoint folder gets `cluster_selection.npz`: kept indices, per-example weights, the cluster label and raw
 clusterer label of every example, the kept examples' difficulty (feature-pass loss, for `order="easy_to_hard"`;
 absent in files of older versions), the config and a fingerprint of the training data. The file is written to a
-temporary name and renamed, so it is either complete or absent, never half-written. `validate_saved_selection`
-checks its contents (on load, and again against the dataset before a run adopts it): a NaN or negative weight, an
-index out of range or repeated, labels of the wrong length would otherwise be trained on without a word.
+temporary name and renamed, so it is either complete or absent, never half-written.
+`saved_selection.validate_saved_selection` checks its contents (on load, and again against the dataset before a run
+adopts it): a NaN or negative weight, an index out of range or repeated, labels of the wrong length would otherwise
+be trained on without a word.
 
 `resolve_resume_checkpoint` picks or checks the checkpoint a run resumes from: transformers writes a checkpoint's
 files in place (`trainer_state.json` last) and our selection after it, so a run killed while saving leaves a
@@ -22,13 +23,13 @@ import os
 import re
 import zipfile
 import zlib
-from dataclasses import dataclass
 
 import numpy as np
 
 from ._types import Selection
 from .atomic import atomic_open, temporary_pattern
-from .config import ClusterSelectConfig
+from .saved_selection import (NOT_SELECTION_FIELDS, SavedSelection, config_differences,  # noqa: F401 (re-exported)
+                              validate_saved_selection)
 
 SELECTION_FILENAME = "cluster_selection.npz"
 TRAINER_STATE_FILENAME = "trainer_state.json"  # transformers' TRAINER_STATE_NAME, written last into a checkpoint
@@ -53,64 +54,6 @@ def data_fingerprint(lengths: np.ndarray, tokens: str | None = None) -> str:
     if tokens is not None:
         digest.update(b"tokens:" + tokens.encode())
     return digest.hexdigest()
-
-
-# Config fields that do not change which examples are selected or their weights (batching only: a resumed run may
-# change them, and trains its remaining batches in the new setting's plan).
-NOT_SELECTION_FIELDS = frozenset({"balance_tokens", "balance_window", "feature_batch_size", "order",
-                                  "reset_optimizer_state"})
-
-
-def _resolved(values: dict) -> dict:
-    """`ClusterSelectConfig.resolved()` of a `to_dict()`; where it does not build (a strategy not registered in
-    this process), its fields with `strategy_kwargs` flattened in."""
-    try:
-        return ClusterSelectConfig.from_dict(values).resolved()
-    except (ValueError, TypeError):
-        flat = dict(values)
-        flat.update(flat.pop("strategy_kwargs", None) or {})
-        return flat
-
-
-def config_differences(saved: dict, current: dict, ignore: tuple[str, ...] = (),
-                       resolved_as: dict | None = None) -> list[str]:
-    """`field: saved in the checkpoint, current now` for every selection-relevant `ClusterSelectConfig` field or
-    strategy setting (`ClusterSelectConfig.resolved()`) that differs (fields missing on one side, from another
-    version, and the fields in `ignore` are skipped). An `"auto"` `near_duplicate_threshold` or `duplicate_weight` on
-    either side is compared as what it resolved to in the saved run (`resolved_as`: its report's `clustering_params`;
-    `SelectionRun.check_saved` checks the model is the same)."""
-    saved, current = _resolved(saved), _resolved(current)
-    for name in set(resolved_as or {}) & {"near_duplicate_threshold", "duplicate_weight"} & set(saved) & set(current):
-        saved[name], current[name] = (resolved_as[name] if s[name] == "auto" else s[name] for s in (saved, current))
-    skip = NOT_SELECTION_FIELDS | set(ignore)
-    return [f"{name}: {saved[name]!r} in the checkpoint, {current[name]!r} now"
-            for name in sorted(set(saved) & set(current)) if name not in skip and saved[name] != current[name]]
-
-
-@dataclass(frozen=True)
-class SavedSelection:
-    """What `load_selection` returns.
-
-    Attributes:
-        selection (`Selection`): kept indices, weights and kept labels.
-        labels (`np.ndarray` of shape `[n_examples]`): cluster of every example.
-        raw_labels (`np.ndarray` of shape `[n_examples]`): clusterer label of every example (-1 = noise).
-        config (`dict`): `ClusterSelectConfig.to_dict()` of the run that selected.
-        fingerprint (`str`): `data_fingerprint` of the data it was selected from.
-        extra (`dict`): measured figures (seconds, counts) stored with it.
-        path (`str` or `None`): the file it was read from (`None` when built in memory); errors name it.
-        difficulty (`np.ndarray` of shape `[n_kept]`, float, or `None`): feature-pass loss of each kept example (the
-            curriculum order's, `batching/curriculum.py`); `None` when not stored (older versions, no losses).
-    """
-
-    selection: Selection
-    labels: np.ndarray
-    raw_labels: np.ndarray
-    config: dict
-    fingerprint: str
-    extra: dict
-    path: str | None = None
-    difficulty: np.ndarray | None = None
 
 
 def save_selection(folder: str, selection: Selection, *, labels: np.ndarray, raw_labels: np.ndarray, config: dict,
@@ -197,110 +140,6 @@ def load_selection(folder: str) -> SavedSelection | None:
     saved = _read_selection(path)
     validate_saved_selection(saved, path)
     return saved
-
-
-def _first(mask: np.ndarray, what: str, values: np.ndarray | None = None) -> str:
-    """`1 is NaN (position 3)` / `2 are <= 0 (first at position 0: -50.0)` for the `True` entries of `mask`."""
-    positions = np.flatnonzero(mask)
-    value = "" if values is None else f": {values[positions[0]].item()!r}"
-    if positions.size == 1:
-        return f"1 is {what} (position {positions[0]}{value})"
-    return f"{positions.size} are {what} (first at position {positions[0]}{value})"
-
-
-def _array(value, field: str, length: int | None, length_name: str, fail, kind=np.integer) -> np.ndarray:
-    """`value` as a checked 1-D array of `kind` (integers, or `np.floating`) and `length` entries (when given)."""
-    if value is None:
-        fail(field, "is missing")
-    array = np.asarray(value)
-    if array.ndim != 1:
-        fail(field, f"must be a 1-D array; found shape {array.shape}")
-    if not np.issubdtype(array.dtype, kind):
-        fail(field, f"must hold {'integers' if kind is np.integer else 'floats'}; found dtype {array.dtype}")
-    if length is not None and array.size != length:
-        fail(field, f"must hold {length_name} = {length} entries; found {array.size}")
-    return array
-
-
-def validate_saved_selection(saved: SavedSelection, path: str | None = None, n_examples: int | None = None) -> None:
-    """Check a saved selection before anything trains on it: what the file alone can tell, and with `n_examples`
-    that it was made for a dataset of that size.
-
-    Checked: `n_total` an int >= 1; `indices` `[n_kept]` integers, non-empty, in `[0, n_total)`, unique, sorted
-    ascending; `weights` `[n_kept]` floats, finite, > 0, summing to `n_total` within a relative 1e-6 (the weighted
-    kept set stands for the full data); `kept_labels` `[n_kept]` integers >= 0; `labels` and `raw_labels`
-    `[n_total]` integers; `difficulty`, when stored, `[n_kept]` floats (NaN allowed: sorts last); `config` a dict
-    that `ClusterSelectConfig.from_dict` accepts; `fingerprint` a non-empty str; `extra` (and its `report`,
-    `model_config`) a dict.
-
-    Args:
-        saved (`SavedSelection`): what `load_selection` read, or one built in memory.
-        path (`str`, *optional*): the file, named in errors (defaults to `saved.path`).
-        n_examples (`int`, *optional*): the size of the training data it is about to be used on.
-    Raises:
-        ValueError: `"<path>: `<field>` must …; found …"`, for the first check that fails.
-    """
-    where = path or saved.path or "the given selection (SavedSelection)"
-
-    def fail(field: str, message: str):
-        raise ValueError(f"{where}: `{field}` {message}.")
-
-    selection = saved.selection
-    n_total = selection.n_total
-    if isinstance(n_total, bool) or not isinstance(n_total, (int, np.integer)) or n_total < 1:
-        fail("n_total", "is missing" if n_total is None else f"must be an int >= 1; found {n_total!r}")
-    n_total = int(n_total)
-    indices = _array(selection.indices, "indices", None, "", fail)
-    n_kept = indices.size
-    if n_kept == 0:
-        fail("indices", "must hold at least one kept example; found none")
-    outside = (indices < 0) | (indices >= n_total)
-    if outside.any():
-        fail("indices", f"must be in [0, n_total = {n_total}); {_first(outside, 'outside', indices)}")
-    steps = np.diff(indices)
-    if (steps <= 0).any():
-        _, first = np.unique(indices, return_index=True)
-        repeated = np.ones(n_kept, dtype=bool)
-        repeated[first] = False
-        if repeated.any():
-            fail("indices", f"must be unique; {_first(repeated, 'a repeat', indices)}")
-        fail("indices", f"must be sorted ascending; {_first(np.r_[False, steps < 0], 'below the one before', indices)}")
-    weights = _array(selection.weights, "weights", n_kept, "n_kept", fail, kind=np.floating)
-    nan, inf = np.isnan(weights), np.isinf(weights)
-    not_positive = ~nan & ~inf & (weights <= 0)
-    if (nan | inf | not_positive).any():
-        found = [_first(mask, what, None if what == "NaN" else weights)
-                 for mask, what in ((nan, "NaN"), (inf, "infinite"), (not_positive, "<= 0")) if mask.any()]
-        fail("weights", "must be finite and > 0; " + ", ".join(found))
-    total = float(weights.sum())
-    if abs(total - n_total) > 1e-6 * n_total:
-        fail("weights", f"must sum to n_total = {n_total} (the examples the kept set stands for) within a relative "
-                        f"1e-6; found {total:.9g}")
-    kept_labels = _array(selection.labels, "kept_labels", n_kept, "n_kept", fail)
-    if (kept_labels < 0).any():
-        fail("kept_labels", f"must be clusters >= 0; {_first(kept_labels < 0, 'negative', kept_labels)}")
-    _array(saved.labels, "labels", n_total, "n_total", fail)
-    _array(saved.raw_labels, "raw_labels", n_total, "n_total", fail)
-    if saved.difficulty is not None:
-        _array(saved.difficulty, "difficulty", n_kept, "n_kept", fail, kind=np.floating)
-    if not isinstance(saved.config, dict):
-        fail("config", "is missing" if saved.config is None else
-             f"must be a dict (ClusterSelectConfig.to_dict()); found {type(saved.config).__name__}")
-    try:
-        ClusterSelectConfig.from_dict(saved.config)
-    except (ValueError, TypeError) as error:
-        fail("config", f"must be a valid ClusterSelectConfig; {' '.join(str(error).split()).rstrip('.')}")
-    if not isinstance(saved.fingerprint, str) or not saved.fingerprint:
-        fail("fingerprint", "is missing" if saved.fingerprint is None else
-             f"must be a non-empty str; found {saved.fingerprint!r}")
-    if not isinstance(saved.extra, dict):
-        fail("extra", f"must be a dict; found {type(saved.extra).__name__}")
-    for key in ("report", "model_config"):
-        if saved.extra.get(key) is not None and not isinstance(saved.extra[key], dict):
-            fail(f"extra.{key}", f"must be a dict; found {type(saved.extra[key]).__name__}")
-    if n_examples is not None and n_total != n_examples:
-        fail("n_total", f"is {n_total}, but the training data has {n_examples} examples: the selection was made on "
-                        "other training data")
 
 
 def checkpoint_problems(folder: str, warmup_steps: int) -> list[str]:

@@ -190,7 +190,7 @@ def with_duplicates_resolved(config: ClusterSelectConfig, model: torch.nn.Module
 def with_duplicate_settings(result: ClusteringResult, config: ClusterSelectConfig) -> ClusteringResult:
     """`result` with `params["near_duplicate_threshold"]` and `params["duplicate_weight"]`: what `"auto"` resolved
     to (`with_duplicates_resolved`), for the report, the model card and a resumed run's comparison
-    (`persistence.config_differences`)."""
+    (`saved_selection.config_differences`)."""
     settings = config.selection_settings
     return dataclasses.replace(result, params={**result.params,
                                                "near_duplicate_threshold": settings.near_duplicate_threshold,

@@ -31,7 +31,8 @@ from .clock import PhaseClock
 from .config import ClusterSelectConfig
 from .feature_cache import FeatureCache, feature_identity
 from .features.choice import describe_feature, feature_autocast, feature_used, forward_in_bf16
-from .persistence import SavedSelection, config_differences, data_fingerprint, save_selection, validate_saved_selection
+from .persistence import data_fingerprint, save_selection
+from .saved_selection import SavedSelection, check_saved_against
 from .pipeline import select_with_model
 from .reporting.report import SelectionReport
 from .schedule import StepPlan, plan_steps, resolve_warmup_steps, warn_if_subset_unseen
@@ -311,49 +312,17 @@ class SelectionRun:
         self.adopt(saved.selection, saved.labels, saved.raw_labels, report, saved.difficulty)
 
     def check_saved(self, saved: SavedSelection, ignore: tuple[str, ...] = (), check_model: bool = True) -> None:
-        """Refuse a selection loaded from a checkpoint (`persistence.load_selection`) made for another run; the fields in
-        `ignore` may differ (`ClusterTrainer(selection=...)` ignores `selection_warmup_steps`: it trains without a
-        warm-up, and passes `check_model=False`: a selection made with one model may train another).
+        """Refuse a selection made for another run (`saved_selection.check_saved_against` with this run's data,
+        target set, config and model); the fields in `ignore` may differ (`ClusterTrainer(selection=...)` ignores
+        `selection_warmup_steps`: it trains without a warm-up, and passes `check_model=False`: a selection made with
+        one model may train another).
 
         Raises:
-            ValueError: first, if its contents fail `persistence.validate_saved_selection` for this run's
-                `n_examples` (non-finite or non-positive weights, indices out of range, repeated or unsorted, labels
-                of the wrong length, …: the file and field are named); then if it was made on different training
-                data (fingerprint of the tokens and lengths), (`check_model`) for another target set or none, with a `ClusterSelectConfig` that selects differently,
-                or (`check_model`) for a model of another class or config (`feature_cache.model_config_dict`) — the
-                fields that differ are named.
+            ValueError: as `check_saved_against` says (the file, field or setting is named).
         """
-        validate_saved_selection(saved, n_examples=self.plan.n_examples)  # before anything is compared or adopted
-        if saved.fingerprint != self.fingerprint:
-            raise ValueError(
-                "the selection saved in the checkpoint was made on different training data (fingerprint mismatch); "
-                "resume with the same `train_dataset` or start a new run."
-            )
-        saved_target = saved.extra.get("target_fingerprint")
-        if check_model and saved_target != self.target_fingerprint:
-            both = bool(saved_target) and bool(self.target_fingerprint)
-            made = "another target set" if both else "a target set" if saved_target else "no target set"
-            now = "" if both else f" (this run has {'one' if self.target_fingerprint else 'none'})"
-            raise ValueError(f"the selection saved in the checkpoint was made for {made}{now}; resume with the same "
-                             "`target_dataset` (or `eval_dataset` for target='eval'), or start a new run.")
-        changed = config_differences(saved.config or {}, self.config.to_dict(), ignore,
-                                     (saved.extra.get("report") or {}).get("clustering_params"))
-        if changed:
-            raise ValueError(
-                "the selection saved in the checkpoint was made with other selection settings ("
-                + "; ".join(changed) + "); resume with the same `cluster_config`, or start a new run (without "
-                "`resume_from_checkpoint` or `selection=`) to select again."
-            )
-        if check_model and saved.extra.get("model_config") and self.facts.model_config:
-            old, new = saved.extra["model_config"], self.facts.model_config
-            changed = [f"{k}: {old.get(k, '(unset)')!r} in the checkpoint, {new.get(k, '(unset)')!r} now"
-                       for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
-            if changed:
-                raise ValueError(
-                    "the selection saved in the checkpoint was made for another model (" + "; ".join(changed[:6])
-                    + ("; …" if len(changed) > 6 else "") + "); resume with the model of that run, or start a new "
-                    "run (without `resume_from_checkpoint` or `selection=`) to select again."
-                )
+        check_saved_against(saved, n_examples=self.plan.n_examples, fingerprint=self.fingerprint,
+                            config=self.config, target_fingerprint=self.target_fingerprint,
+                            model_config=self.facts.model_config, ignore=ignore, check_model=check_model)
 
     @property
     def dense_loss_weights(self) -> torch.Tensor | None:

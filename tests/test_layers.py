@@ -13,7 +13,7 @@ LAYERS = {  # module (dotted, relative to the package) or sub-package prefix →
     "config": 0, "settings": 0, "_types": 0, "_imports": 0, "_checks": 0, "registry": 0, "loss_tokens": 0, "clock": 0, "atomic": 0,
     "distributed": 1,
     "features": 2, "selection": 2, "batching": 2, "reporting": 2, "schedule": 2, "persistence": 2,
-    "validation": 2, "data": 2, "weighting": 2, "feature_cache": 2, "collate": 2,
+    "validation": 2, "data": 2, "weighting": 2, "feature_cache": 2, "collate": 2, "saved_selection": 2,
     "pipeline": 3, "run": 3,
     "integrations": 4,
     "__init__": 5, "__main__": 5, "cli": 5, "commands": 5, "commands_select": 5, "demo": 5,

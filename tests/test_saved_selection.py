@@ -1,5 +1,5 @@
 """A saved selection (`cluster_selection.npz`) is checked before anything trains on it (issue 20):
-`persistence.validate_saved_selection` on load, and again against the dataset in `SelectionRun.check_saved`.
+`saved_selection.validate_saved_selection` on load, and again against the dataset in `SelectionRun.check_saved`.
 Each case tampers a real file and asserts the field the error names; nothing trains on a tampered file."""
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ import os
 
 import torch
 
-from ..persistence import SELECTION_FILENAME, SavedSelection, load_selection, validate_saved_selection
+from ..persistence import SELECTION_FILENAME, load_selection
+from ..saved_selection import SavedSelection, validate_saved_selection
 
 
 def _head_kind(model: torch.nn.Module) -> str:
@@ -74,7 +75,7 @@ def load_feature_model(feature_model: torch.nn.Module | str | None,
 
 
 def load_given_selection(selection) -> SavedSelection | None:
-    """`ClusterTrainer(selection=...)` loaded and checked (`persistence.validate_saved_selection`): a
+    """`ClusterTrainer(selection=...)` loaded and checked (`saved_selection.validate_saved_selection`): a
     `SavedSelection`, or a folder holding `cluster_selection.npz` (a run's `output_dir` or checkpoint), or that
     file's path; `None` as `None`. `SelectionRun.check_saved` checks it again against the dataset in `train()`.
 
