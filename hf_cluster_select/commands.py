@@ -111,11 +111,12 @@ def _parse_value(name: str, text: Any, default: Any) -> Any:
 
 def config_from_args(args: argparse.Namespace) -> ClusterSelectConfig:
     """The `ClusterSelectConfig` of the parsed options: the fields, and the strategy settings that were given
-    (`ClusterSelectConfig.from_flat`).
+    (`ClusterSelectConfig.from_flat`). A setting given both as its own option and in `--strategy-kwargs` must mean
+    the same value once each is checked (`"AUTO"` and `"auto"`, `8` and `8.0` are checked, not compared as text).
 
     Raises:
-        ValueError: if a setting is given both as its own option and in `--strategy-kwargs` with another value
-            (both are named); ValueError/TypeError from the config.
+        ValueError/TypeError: from the config, naming the option (`--pca-dim`) for a value given as an option and
+            `strategy_kwargs` for one given there; ValueError if a setting's two values differ (both named).
     """
     values = {}
     for field in dataclasses.fields(ClusterSelectConfig):
@@ -123,15 +124,29 @@ def config_from_args(args: argparse.Namespace) -> ClusterSelectConfig:
             continue
         default = field.default if field.default is not dataclasses.MISSING else None
         values[field.name] = _parse_value(field.name, getattr(args, "cfg_" + field.name), default)
-    in_json = _json_settings(values.get("strategy_kwargs"))
-    for name, field in _setting_fields().items():
-        given = getattr(args, "set_" + name, SUPPRESS_SETTING)
-        if given is not SUPPRESS_SETTING:
-            values[name] = _parse_value(name, given, field.default)
-            if name in in_json and in_json[name] != values[name]:
-                raise ValueError(f"`{name}` is given twice: {values[name]!r} by `--{name.replace('_', '-')}` and "
-                                 f"{in_json[name]!r} in `--strategy-kwargs`; give it once.")
-    return ClusterSelectConfig.from_flat(values)
+    options = {name: _parse_value(name, getattr(args, "set_" + name), field.default)
+               for name, field in _setting_fields().items()
+               if getattr(args, "set_" + name, SUPPRESS_SETTING) is not SUPPRESS_SETTING}
+    both = sorted(set(options) & set(_json_settings(values.get("strategy_kwargs"))))
+    if both:  # each value checked on its own first (the JSON's errors name strategy_kwargs), then compared
+        from_json = ClusterSelectConfig.from_flat(values).resolved()
+        from_options = _config_naming_options(values, options).resolved()
+        for name in both:
+            if from_json[name] != from_options[name]:
+                raise ValueError(f"`{name}` is given twice: {options[name]!r} by `--{name.replace('_', '-')}` and "
+                                 f"{from_json[name]!r} in `--strategy-kwargs`; give it once.")
+    return _config_naming_options(values, options)
+
+
+def _config_naming_options(values: dict, options: dict) -> ClusterSelectConfig:
+    """`from_flat` of the fields `values` and the settings given as `options`; an error about one of those settings
+    names its option (`--pca-dim`) instead of `strategy_kwargs`."""
+    try:
+        return ClusterSelectConfig.from_flat({**values, **options})
+    except (ValueError, TypeError) as error:
+        message = re.sub(r"`strategy_kwargs`: `(\w+)`", lambda m: f"`--{m.group(1).replace('_', '-')}`"
+                         if m.group(1) in options else m.group(0), str(error))
+        raise type(error)(message) from error
 
 
 def _json_settings(text: Any) -> dict:
@@ -212,9 +227,8 @@ def _run_select_command(args: argparse.Namespace) -> int:
     try:
         try:
             config = config_from_args(args)
-        except (ValueError, TypeError) as error:  # a bad option value, named as its option
-            raise InputError(re.sub(r"`strategy_kwargs`: `(\w+)`", lambda m: f"`--{m.group(1).replace('_', '-')}`",
-                                    str(error))) from error
+        except (ValueError, TypeError) as error:  # a bad option value, named as its option (config_from_args)
+            raise InputError(str(error)) from error
         run_select(args, config)
     except Exception as error:
         if args.debug:

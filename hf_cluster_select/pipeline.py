@@ -177,14 +177,20 @@ def with_duplicates_resolved(config: ClusterSelectConfig, model: torch.nn.Module
     """`config` with `near_duplicate_threshold` and `duplicate_weight` set to what `"auto"` means for `model`
     (`settings.resolve_duplicates`: the token check at 0.7 with `duplicate_weight="one"` for a classification head,
     off for a language model and for sharded selection); values the user gave are kept."""
+    return dataclasses.replace(config, strategy_kwargs={**(config.strategy_kwargs or {}),
+                                                        **resolved_duplicates(config, model)})
+
+
+def resolved_duplicates(config: ClusterSelectConfig, model: torch.nn.Module) -> dict:
+    """`{"near_duplicate_threshold": ..., "duplicate_weight": ...}` of `config` for `model`, `"auto"` resolved
+    (`settings.resolve_duplicates`; a model without an output head, a user feature, gets no automatic check)."""
     try:
         token_level = resolve_head(model)[1]
-    except TypeError:  # no output head (a user feature): no automatic token check
+    except TypeError:
         token_level = True
     sharded = bool(getattr(config.cluster_settings, "sharded", False))
     threshold, weight = resolve_duplicates(config.selection_settings, token_level=token_level, token_check=not sharded)
-    kwargs = {**(config.strategy_kwargs or {}), "near_duplicate_threshold": threshold, "duplicate_weight": weight}
-    return dataclasses.replace(config, strategy_kwargs=kwargs)
+    return {"near_duplicate_threshold": threshold, "duplicate_weight": weight}
 
 
 def with_duplicate_settings(result: ClusteringResult, config: ClusterSelectConfig) -> ClusteringResult:

@@ -34,16 +34,18 @@ def _resolved(values: dict) -> dict:
         return flat
 
 
-def config_differences(saved: dict, current: dict, ignore: tuple[str, ...] = (),
-                       resolved_as: dict | None = None) -> list[str]:
+def config_differences(saved: dict, current: dict, ignore: tuple[str, ...] = (), saved_resolved: dict | None = None,
+                       current_resolved: dict | None = None) -> list[str]:
     """`field: saved in the checkpoint, current now` for every selection-relevant `ClusterSelectConfig` field or
     strategy setting (`ClusterSelectConfig.resolved()`) that differs (fields missing on one side, from another
-    version, and the fields in `ignore` are skipped). An `"auto"` `near_duplicate_threshold` or `duplicate_weight` on
-    either side is compared as what it resolved to in the saved run (`resolved_as`: its report's `clustering_params`;
-    `SelectionRun.check_saved` checks the model is the same)."""
+    version, and the fields in `ignore` are skipped). `near_duplicate_threshold` and `duplicate_weight` are compared
+    as their `"auto"` resolved: the saved run's as its report recorded them (`saved_resolved`, its
+    `clustering_params`), the current run's for its model (`current_resolved`, `RunFacts.duplicates`); as given
+    when either is unknown (a checkpoint of an older version)."""
     saved, current = _resolved(saved), _resolved(current)
-    for name in set(resolved_as or {}) & {"near_duplicate_threshold", "duplicate_weight"} & set(saved) & set(current):
-        saved[name], current[name] = (resolved_as[name] if s[name] == "auto" else s[name] for s in (saved, current))
+    for name in set(saved_resolved or {}) & set(current_resolved or {}) & {"near_duplicate_threshold",
+                                                                          "duplicate_weight"}:
+        saved[name], current[name] = saved_resolved[name], current_resolved[name]
     skip = NOT_SELECTION_FIELDS | set(ignore)
     return [f"{name}: {saved[name]!r} in the checkpoint, {current[name]!r} now"
             for name in sorted(set(saved) & set(current)) if name not in skip and saved[name] != current[name]]
@@ -181,7 +183,8 @@ def validate_saved_selection(saved: SavedSelection, path: str | None = None, n_e
 
 def check_saved_against(saved: SavedSelection, *, n_examples: int, fingerprint: str, config: ClusterSelectConfig,
                         target_fingerprint: str | None = None, model_config: dict | None = None,
-                        ignore: tuple[str, ...] = (), check_model: bool = True) -> None:
+                        duplicates: dict | None = None, ignore: tuple[str, ...] = (),
+                        check_model: bool = True) -> None:
     """Refuse a saved selection made for another run than the one about to adopt it.
 
     Args:
@@ -191,6 +194,8 @@ def check_saved_against(saved: SavedSelection, *, n_examples: int, fingerprint: 
         config (`ClusterSelectConfig`): this run's selection settings.
         target_fingerprint (`str`, *optional*): fingerprint of this run's target set (`None`: none).
         model_config (`dict`, *optional*): `feature_cache.model_config_dict` of this run's model.
+        duplicates (`dict`, *optional*): this run's near-duplicate settings resolved for its model
+            (`RunFacts.duplicates`), compared with what the saved run recorded (`config_differences`).
         ignore (`tuple[str, ...]`, *optional*): config fields that may differ.
         check_model (`bool`, *optional*, defaults to `True`): also compare the target set and the model.
     Raises:
@@ -215,7 +220,7 @@ def check_saved_against(saved: SavedSelection, *, n_examples: int, fingerprint: 
         raise ValueError(f"the selection saved in the checkpoint was made for {made}{now}; resume with the same "
                          "`target_dataset` (or `eval_dataset` for target='eval'), or start a new run.")
     changed = config_differences(saved.config or {}, config.to_dict(), ignore,
-                                 (saved.extra.get("report") or {}).get("clustering_params"))
+                                 (saved.extra.get("report") or {}).get("clustering_params"), duplicates)
     if changed:
         raise ValueError(
             "the selection saved in the checkpoint was made with other selection settings ("

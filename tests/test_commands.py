@@ -103,6 +103,18 @@ def test_every_config_field_is_an_option_and_none_parses():
     with pytest.raises(ValueError, match=r"`pca_dim` is given twice: 16 by `--pca-dim` and 32 in `--strategy-kwargs`"):
         config_from_args(parser.parse_args(base + ["--pca-dim", "16"]))  # neither wins silently
     assert config_from_args(parser.parse_args(base + ["--pca-dim", "32"])).strategy_kwargs == {"pca_dim": 32}
+    json_only = ["select", "--model", "m", "--dataset", "d", "--output", "o", "--strategy-kwargs"]
+    for given, option, message in ((8.0, "8", "`strategy_kwargs`: `pca_dim` must be an int"),  # checked, not ==
+                                   (True, "1", "`strategy_kwargs`: `pca_dim` must be an int"),
+                                   ("4", None, "`strategy_kwargs`: `pca_dim` must be an int")):
+        extra = [] if option is None else ["--pca-dim", option]
+        with pytest.raises(ValueError, match=message):  # blamed on what the user typed: the JSON, not --pca-dim
+            config_from_args(parser.parse_args(json_only + [json.dumps({"pca_dim": given})] + extra))
+    with pytest.raises(ValueError, match="`--pca-dim` must be an int >= 1 or None, got 'eight'"):
+        config_from_args(parser.parse_args(json_only + ['{"pca_dim": 8}', "--pca-dim", "eight"]))
+    same = config_from_args(parser.parse_args(json_only + ['{"near_duplicate_threshold": 1}',
+                                                           "--near-duplicate-threshold", "1.0"]))
+    assert same.selection_settings.near_duplicate_threshold == 1.0  # 1 and 1.0 mean the same value
 
 
 def test_bad_columns_paths_and_values_are_one_line_errors(tmp_path, model_folder, data_file, capsys):

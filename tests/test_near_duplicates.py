@@ -164,7 +164,10 @@ def test_settings_default_to_auto_and_are_validated_with_their_names():
     config = ClusterSelectConfig(strategy_kwargs={"near_duplicate_threshold": 1, "duplicate_weight": "one"})
     assert config.selection_settings.near_duplicate_threshold == 1.0
     assert ClusterSelectConfig.from_json(config.to_json()) == config
-    for value in (0, 1.5, True, "0.7", "AUTO", float("nan")):
+    numpy_value = ClusterSelectConfig(strategy_kwargs={"near_duplicate_threshold": np.float32(0.5)})
+    assert type(numpy_value.selection_settings.near_duplicate_threshold) is float  # numpy numbers, as other settings
+    assert numpy_value.selection_settings.near_duplicate_threshold == 0.5
+    for value in (0, 1.5, True, np.bool_(True), "0.7", "AUTO", float("nan")):
         with pytest.raises(ValueError, match=r"`strategy_kwargs`: `near_duplicate_threshold` must be a float in "
                                              r"\(0, 1\], None or 'auto', got "):
             ClusterSelectConfig(strategy_kwargs={"near_duplicate_threshold": value})
@@ -337,21 +340,37 @@ def test_a_classification_head_runs_the_check_by_default(tmp_path, tokenizer):
 
 
 def test_a_resumed_run_compares_auto_as_what_it_resolved_to():
-    """`config_differences` with the saved run's `clustering_params`: `"auto"` on either side stands for the
-    recorded value (0.7 / "one" for a classification head, None / "group" for a language model); a value that
-    differs from it is named; without the recorded values (an older checkpoint), "auto" differs from 0.7."""
-    auto = ClusterSelectConfig().to_dict()
-    spelt = ClusterSelectConfig(strategy_kwargs={"near_duplicate_threshold": 0.7, "duplicate_weight": "one"}).to_dict()
-    classifier = {"near_duplicate_threshold": 0.7, "duplicate_weight": "one", "n_clusters": 12}
-    language_model = {"near_duplicate_threshold": None, "duplicate_weight": "group"}
-    assert config_differences(auto, spelt, resolved_as=classifier) == []
-    assert config_differences(spelt, auto, resolved_as=classifier) == []
-    assert config_differences(auto, auto, resolved_as=language_model) == []
-    assert config_differences(auto, spelt, resolved_as=language_model) == [
+    """`config_differences` compares the near-duplicate settings resolved: the checkpoint's as its report recorded
+    them, the current run's for its own settings and model (`resolve_duplicates`). "auto" and 0.7 / "one" are the
+    same for a classification head; a threshold alone means "group" (so it differs from "auto"'s "one"); for a
+    language model "auto" is None / "group"; without recorded values (an older checkpoint) they compare as given."""
+    from hf_cluster_select.settings import resolve_duplicates
+
+    def given(**settings):
+        return ClusterSelectConfig(strategy_kwargs=settings)
+
+    def resolved(config, token_level=False):
+        threshold, weight = resolve_duplicates(config.selection_settings, token_level=token_level)
+        return {"near_duplicate_threshold": threshold, "duplicate_weight": weight}
+
+    def differences(saved, current, token_level=False, recorded=True):
+        return config_differences(saved.to_dict(), current.to_dict(),
+                                  saved_resolved=resolved(saved, token_level) if recorded else None,
+                                  current_resolved=resolved(current, token_level))
+
+    auto, spelt = given(), given(near_duplicate_threshold=0.7, duplicate_weight="one")
+    assert differences(auto, spelt) == [] == differences(spelt, auto) == differences(auto, auto, token_level=True)
+    threshold_only = given(near_duplicate_threshold=0.7)  # keeps "group"
+    assert differences(auto, threshold_only) == ["duplicate_weight: 'one' in the checkpoint, 'group' now"]
+    assert differences(threshold_only, auto) == ["duplicate_weight: 'group' in the checkpoint, 'one' now"]
+    assert differences(given(duplicate_weight="group"), auto) == ["duplicate_weight: 'group' in the checkpoint, "
+                                                                  "'one' now"]
+    assert differences(auto, spelt, token_level=True) == [
         "duplicate_weight: 'group' in the checkpoint, 'one' now",
         "near_duplicate_threshold: None in the checkpoint, 0.7 now"]
-    assert config_differences(auto, spelt) == ["duplicate_weight: 'auto' in the checkpoint, 'one' now",
-                                               "near_duplicate_threshold: 'auto' in the checkpoint, 0.7 now"]
+    assert differences(auto, auto, recorded=False) == []  # an older checkpoint resumed as it was made
+    assert differences(auto, spelt, recorded=False) == ["duplicate_weight: 'auto' in the checkpoint, 'one' now",
+                                                        "near_duplicate_threshold: 'auto' in the checkpoint, 0.7 now"]
 
 
 def _templated_pool(prompt_tokens: int, n_rows: int = 40, body_tokens: int = 20):

@@ -86,7 +86,9 @@ def checked_rule_settings(name: str, rule: Any, settings: Any) -> dict[str, Any]
         settings (`dict[str, Any]` or `None`): the keyword arguments given.
     Raises:
         TypeError: if `settings` is not a dict with str keys.
-        ValueError: if a key is not a keyword parameter of the rule (the rule's own ones are listed).
+        ValueError: if a key is not a keyword parameter of the rule (the rule's own ones are listed), or a value
+            is refused by the rule's settings class (as `ClusterSelectConfig` refuses it; a parameter that is no
+            field of a settings class is passed as given).
     """
     if settings is None:
         return {}
@@ -100,5 +102,9 @@ def checked_rule_settings(name: str, rule: Any, settings: Any) -> dict[str, Any]
     if unknown:
         raise ValueError(f"`rule_settings` {unknown} are not settings of within_cluster={name!r}; it takes "
                          f"{own or 'none'}.")
-    return dict(settings)
+    settings_class = WITHIN_CLUSTER_RULES.settings_class(name)
+    fields = {f.name for f in dataclasses.fields(settings_class)} - {f.name for f in
+                                                                     dataclasses.fields(SelectionSettings)}
+    checked = settings_class(**{key: value for key, value in settings.items() if key in fields})
+    return {key: getattr(checked, key) if key in fields else value for key, value in settings.items()}
 
