@@ -374,7 +374,7 @@ def test_rule_settings_are_checked_against_the_rule_before_selecting():
     with pytest.raises(TypeError, match="`rule_settings` must be a dict"):
         select_from_labels(labels, points, data_fraction=0.5, rule_settings=[("z", 2)])
     hardest_dropped = select_from_labels(labels, points, data_fraction=0.25, within_cluster="drop_hard_random",
-                                         losses=np.arange(40.0), rule_settings={"drop": 0.5})  # no settings class
+                                         losses=np.arange(40.0), rule_settings={"drop_hardest": 0.5})
     assert np.isin(hardest_dropped.indices, np.r_[0:10, 20:30]).all()  # the 10 highest losses of each cluster out
     for bad in (-1, float("nan"), "2"):  # values checked as ClusterSelectConfig checks them
         with pytest.raises(ValueError, match="`loss_outlier_z` must be a finite number > 0"):

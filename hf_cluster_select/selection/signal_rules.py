@@ -88,26 +88,50 @@ def drop_loss_outliers(points, keep, rng, norms=None, losses=None, loss_outlier_
 
 
 
-@WITHIN_CLUSTER_RULES.register("drop_hard_random")
-def drop_hard_random(points, keep, rng, norms=None, losses=None, drop: float = DROP_HARDEST):
-    """CCS-like: drop the hardest `drop` share by warm-up loss (never below `keep` left), then random."""
+@dataclass(frozen=True)
+class DropHardestSettings(SelectionSettings):
+    """Settings of `within_cluster="drop_hard_random"` and `"loss_stratified"`.
+
+    Attributes:
+        drop_hardest (`float`, defaults to `0.05`): share of each cluster, by highest warm-up loss, left out before
+            choosing (never so many that fewer than the cluster's quota are left); in [0, 1). On a pool with a
+            known share of wrong labels or replies, that share (the small-loss trick: Han et al., NeurIPS 2018).
+    Raises:
+        ValueError: if `drop_hardest` is not a number in [0, 1).
+    """
+
+    drop_hardest: float = field(default=DROP_HARDEST, metadata={
+        "help": "drop_hard_random / loss_stratified: share of each cluster with the highest warm-up loss left out "
+                "before choosing, in [0, 1)."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        value = self.drop_hardest
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
+            raise ValueError(f"`drop_hardest` must be a number in [0, 1), got {value!r}.")
+        object.__setattr__(self, "drop_hardest", float(value))
+
+
+@WITHIN_CLUSTER_RULES.register("drop_hard_random", settings=DropHardestSettings)
+def drop_hard_random(points, keep, rng, norms=None, losses=None, drop_hardest: float = DROP_HARDEST):
+    """CCS-like: drop the hardest `drop_hardest` share by warm-up loss (never below `keep` left), then random."""
     n_c = points.shape[0]
     if losses is None:
         return random(points, keep, rng)
-    n_drop = min(int(np.ceil(drop * n_c)), n_c - keep)
+    n_drop = min(int(np.ceil(drop_hardest * n_c)), n_c - keep)
     order = np.lexsort((rng.random(n_c), -np.asarray(losses, dtype=np.float64)))
     pool = order[n_drop:]
     return _uniform(rng.choice(pool, size=keep, replace=False), n_c)
 
 
-@WITHIN_CLUSTER_RULES.register("loss_stratified")
-def loss_stratified(points, keep, rng, norms=None, losses=None, drop: float = DROP_HARDEST):
-    """CCS (Zheng et al. 2023)-like: drop the hardest `drop` share, then one random member per equal-size loss
-    stratum, weighted by stratum size (the dropped members' weight is spread over the strata)."""
+@WITHIN_CLUSTER_RULES.register("loss_stratified", settings=DropHardestSettings)
+def loss_stratified(points, keep, rng, norms=None, losses=None, drop_hardest: float = DROP_HARDEST):
+    """CCS (Zheng et al. 2023)-like: drop the hardest `drop_hardest` share, then one random member per equal-size
+    loss stratum, weighted by stratum size (the dropped members' weight is spread over the strata)."""
     n_c = points.shape[0]
     if losses is None:
         return distance_stratified(points, keep, rng)
-    n_drop = min(int(np.ceil(drop * n_c)), n_c - keep)
+    n_drop = min(int(np.ceil(drop_hardest * n_c)), n_c - keep)
     order = np.lexsort((rng.random(n_c), np.asarray(losses, dtype=np.float64)))[: n_c - n_drop]
     strata = np.array_split(order, keep)
     positions = np.array([s[rng.integers(s.size)] for s in strata], dtype=np.int64)
