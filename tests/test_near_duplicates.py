@@ -334,6 +334,9 @@ def test_a_classification_head_runs_the_check_by_default(tmp_path, tokenizer):
     grouped, _ = run("group", near_duplicate_threshold=0.7, duplicate_weight="group")
     with pytest.raises(ValueError, match="duplicate_weight: 'one' in the checkpoint, 'group' now"):
         trainers["group"].selection_run.check_saved(load_selection(str(tmp_path / "auto_ckpt")))
+    trainers["group"].selection_run.save(str(tmp_path / "group_ckpt"))
+    with pytest.raises(ValueError, match="duplicate_weight: 'group' in the checkpoint, 'one' now"):  # auto = "one"
+        auto_trainer.selection_run.check_saved(load_selection(str(tmp_path / "group_ckpt")))
     families = np.isin(source[grouped.indices], np.arange(8))  # the 8 sources with 4 near copies each
     assert grouped.weights[families].mean() > 2 * grouped.weights[~families].mean()
     assert auto.weights[families].mean() < 2 * auto.weights[~families].mean()
