@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import numbers
+from typing import Any, Callable
 
 import numpy as np
 
@@ -16,6 +17,22 @@ def check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(f"`{name}` must be an int >= {minimum}, got {value!r}.")
     return int(value)
+
+
+def check_real(name: str, value: Any, in_range: Callable[[float], bool], expected: str) -> float:
+    """`value` as a Python float.
+
+    Args:
+        name (`str`): the argument or setting, named in the message.
+        value: a real number (Python or numpy; not a bool).
+        in_range (callable): whether the number is allowed.
+        expected (`str`): what is allowed, for the message (`"a finite number > 0"`).
+    Raises:
+        ValueError: `"`name` must be <expected>, got <value>."` for a bool, a non-number or a number out of range.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not in_range(value):
+        raise ValueError(f"`{name}` must be {expected}, got {value!r}.")
+    return float(value)
 
 
 def check_int_array(name: str, value: Any, shape: tuple[int, ...] | None = None) -> np.ndarray:

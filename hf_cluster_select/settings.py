@@ -24,11 +24,10 @@ declares each field's `metadata={"help": ...}` (and `"choices"` for an enumerati
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+from ._checks import check_real
 
 AUTO = "auto"  # the value of a setting resolved per run (`resolve_balance_tokens`, `resolve_duplicates`)
 
@@ -179,9 +178,8 @@ class SelectionSettings:
         check_choice("quota", self.quota, choices_of(SelectionSettings, "quota"))
         value = self.near_duplicate_threshold
         if value is not None and value != AUTO:
-            if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not 0.0 < value <= 1.0:
-                raise ValueError(f"`near_duplicate_threshold` must be a float in (0, 1], None or 'auto', got {value!r}.")
-            object.__setattr__(self, "near_duplicate_threshold", float(value))
+            object.__setattr__(self, "near_duplicate_threshold", check_real(
+                "near_duplicate_threshold", value, lambda v: 0.0 < v <= 1.0, "a float in (0, 1], None or 'auto'"))
         check_choice("duplicate_weight", self.duplicate_weight, choices_of(SelectionSettings, "duplicate_weight"))
 
 

@@ -12,11 +12,11 @@ warmed model finds unlearnable (RHO-LOSS, Mindermann et al., ICML 2022).
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._checks import check_real
 from ..settings import SelectionSettings
 from .coverage_rules import distance_stratified, facility_location
 from .within_cluster import WITHIN_CLUSTER_RULES, _uniform, random
@@ -43,10 +43,8 @@ class LossOutlierSettings(SelectionSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        value = self.loss_outlier_z
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
-            raise ValueError(f"`loss_outlier_z` must be a finite number > 0, got {value!r}.")
-        object.__setattr__(self, "loss_outlier_z", float(value))
+        object.__setattr__(self, "loss_outlier_z", check_real("loss_outlier_z", self.loss_outlier_z,
+                                                              lambda v: 0 < v < math.inf, "a finite number > 0"))
 
 
 def loss_outlier_scores(losses) -> np.ndarray:
@@ -106,10 +104,8 @@ class DropHardestSettings(SelectionSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        value = self.drop_hardest
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
-            raise ValueError(f"`drop_hardest` must be a number in [0, 1), got {value!r}.")
-        object.__setattr__(self, "drop_hardest", float(value))
+        object.__setattr__(self, "drop_hardest", check_real("drop_hardest", self.drop_hardest,
+                                                            lambda v: 0 <= v < 1, "a number in [0, 1)"))
 
 
 @WITHIN_CLUSTER_RULES.register("drop_hard_random", settings=DropHardestSettings)
