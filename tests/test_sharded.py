@@ -160,3 +160,23 @@ def test_a_third_kmeans_level_above_max_branch_squared(monkeypatch, two_level_ca
     assert len(calls) == 7 and sum(calls) == 225  # ceil(∛225) = 7 coarse groups, their shares of K
     assert selection.n_kept == 900 and selection.weights.sum() == pytest.approx(3000.0)
     assert homogeneity_score(data["truth"][selection.indices], selection.labels) > 0.99
+
+
+@pytest.mark.parametrize("path", ["select_subset", "select_sharded"])
+def test_a_non_finite_loss_counts_as_the_hardest(path):
+    """An example whose warm-up loss is NaN or inf is filled with the highest finite loss (one process and sharded
+    alike), so `drop_hard_random` drops it first, as the hardest; it used to become 0, the easiest, and be kept."""
+    from hf_cluster_select.selection import cluster_features, select_subset
+
+    rng = np.random.default_rng(0)
+    x = np.repeat(np.eye(4, 8, dtype=np.float32), 25, axis=0) + rng.normal(0, 0.01, (100, 8)).astype(np.float32)
+    losses = np.linspace(0.1, 1.0, 100)
+    broken = [3, 30, 55, 80]  # one per cluster
+    losses[broken] = [np.nan, np.inf, -np.inf, np.nan]
+    config = ClusterSelectConfig(data_fraction=0.5, within_cluster="drop_hard_random",
+                                 strategy_kwargs={"drop_hardest": 0.2, "pca_dim": None, "kept_per_cluster": 25})
+    if path == "select_subset":
+        chosen = select_subset(cluster_features(x, config), config, losses=losses)
+    else:
+        chosen = select_sharded(x, np.arange(100), 100, config, losses=losses)
+    assert chosen.n_kept == 50 and not np.isin(broken, chosen.indices).any()

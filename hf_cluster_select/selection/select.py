@@ -46,11 +46,13 @@ from .within_cluster import WITHIN_CLUSTER_RULES, checked_rule_settings, rule_se
 
 
 def _per_example(name: str, values: Any, n_total: int) -> np.ndarray:
-    """`values` as a finite float64 `[n_total]` array (non-finite entries become 0)."""
+    """`values` as a finite float64 `[n_total]` array: a non-finite loss becomes the highest finite one (an example
+    whose loss overflowed is among the hardest, never the easiest), a non-finite norm 0 (no finite value: 0)."""
     array = np.asarray(values, dtype=np.float64).reshape(-1)
     if array.shape != (n_total,):
         raise ValueError(f"`{name}` must have shape [{n_total}], got {tuple(array.shape)}.")
-    return np.nan_to_num(array, nan=0.0, posinf=0.0, neginf=0.0)
+    finite = np.isfinite(array)
+    return np.where(finite, array, array[finite].max() if name == "losses" and finite.any() else 0.0)
 
 
 def _cells(labels: np.ndarray, strata: Any, n_total: int) -> tuple[np.ndarray, np.ndarray]:
@@ -158,7 +160,7 @@ def select_from_labels(
         deferred (array-like of shape `[n_examples]`, bool, *optional*): examples kept only when the budget needs
             them (see the module docstring).
         norms, losses (array-like of shape `[n_examples]`, *optional*): raw feature norms (the gradient-norm
-            estimate) and warm-up losses, passed to the within-cluster rule.
+            estimate; NaN/inf → 0) and warm-up losses (NaN/inf → the highest finite), passed to the rule.
         groups (array-like of shape `[n_examples]`, int, *optional*): duplicate groups (`ClusteringResult.groups`).
         duplicate_weight (`str`, *optional*, defaults to `"auto"`): what a group's kept copy stands for, `"group"`
             (all its copies) or `"one"` (itself; see the module docstring); `"auto"` = `"group"` here (features

@@ -81,26 +81,33 @@ def _local_arrays(local_features: Any, local_indices: Sequence[int], n_examples:
         array = np.asarray(values.detach().cpu() if hasattr(values, "detach") else values, dtype=np.float64)
         if array.reshape(-1).shape != (index.size,):
             raise ValueError(f"`{name}` must hold one value per local row ({index.size}), got {array.shape}.")
-        extras.append(np.nan_to_num(array.reshape(-1), nan=0.0, posinf=0.0, neginf=0.0))
+        array = array.reshape(-1)  # losses keep their non-finite entries: `_agreed_inputs` fills them
+        extras.append(array if name == "losses" else np.nan_to_num(array, nan=0.0, posinf=0.0, neginf=0.0))
     return x, index, deferred, extras[0], extras[1]
 
 
 def _agreed_inputs(local_features: Any, local_indices: Any, n_examples: Any, config: ClusterSelectConfig,
                    loss_tokens: Any, norms: Any, losses: Any):
     """`_local_arrays` on every rank, then one all-gather of each rank's verdict, `n_examples` and settings: a bad
-    input on any rank, or ranks that disagree, raise the same `ValueError` on every rank (never a hang)."""
+    input on any rank, or ranks that disagree, raise the same `ValueError` on every rank (never a hang). A
+    non-finite loss becomes the highest finite loss over all ranks, as `select_subset` fills it in one process."""
     try:
         arrays, problem = _local_arrays(local_features, local_indices, n_examples, loss_tokens, norms, losses), None
     except ValueError as error:
         arrays, problem = None, str(error)
+    local = None if arrays is None or arrays[4] is None else arrays[4][np.isfinite(arrays[4])]
     verdicts = distributed.gather_objects((problem, repr(n_examples), repr(config.to_dict()),
-                                           (norms is None, losses is None)))
+                                           (norms is None, losses is None),
+                                           float(local.max()) if local is not None and local.size else None))
     bad = [(r, v[0]) for r, v in enumerate(verdicts) if v[0] is not None]
     if bad:
         raise ValueError(f"select_sharded: rank {bad[0][0]}: {bad[0][1]}")
     for position, what in ((1, "`n_examples`"), (2, "`config`"), (3, "`norms` / `losses` given or not")):
         if len({v[position] for v in verdicts}) > 1:
             raise ValueError(f"select_sharded: every rank must pass the same {what}; the ranks differ.")
+    if arrays[4] is not None:
+        top = max((v[4] for v in verdicts if v[4] is not None), default=0.0)
+        arrays = (*arrays[:4], np.where(np.isfinite(arrays[4]), arrays[4], top))
     return arrays
 
 
