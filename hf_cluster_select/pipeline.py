@@ -145,9 +145,10 @@ def select_with_model(
     rule_losses = None if facts.feature_layers is not None else losses  # a truncated pass's are not the model's
     if rule_losses is None and getattr(WITHIN_CLUSTER_RULES.get(config.within_cluster), "uses_losses", False):
         logger.warning("within_cluster=%r needs per-example losses, which this feature pass does not give (a "
-                       "truncated language-model pass keeps none): it runs without them, as its docstring says "
-                       "(drop_loss_outliers: plain facility_location). strategy_kwargs={'feature_layers': <the "
-                       "model's depth>} gives them.", config.within_cluster)
+                       "truncated language-model pass keeps none): it falls back without them and its loss settings "
+                       "(loss_outlier_z, drop_hardest) do nothing (drop_loss_outliers → facility_location, "
+                       "drop_hard_random → random, loss_stratified → distance_stratified, importance_loss → "
+                       "uniform). feature_layers = the model's depth gives them.", config.within_cluster)
     payload = None
     if distributed.rank() == 0:
         result = cluster_features(np.asarray(features), config, world_size=distributed.world_size(),

@@ -10,11 +10,13 @@ differ.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ._types import Selection
 from .config import ClusterSelectConfig
+from .settings import AUTO, SelectionSettings
 
 
 # Config fields that do not change which examples are selected or their weights (batching only: a resumed run may
@@ -176,9 +178,26 @@ def validate_saved_selection(saved: SavedSelection, path: str | None = None, n_e
     for key in ("report", "model_config"):
         if saved.extra.get(key) is not None and not isinstance(saved.extra[key], dict):
             fail(f"extra.{key}", f"must be a dict; found {type(saved.extra[key]).__name__}")
+    _check_recorded_duplicates((saved.extra.get("report") or {}).get("clustering_params"), fail)
     if n_examples is not None and n_total != n_examples:
         fail("n_total", f"is {n_total}, but the training data has {n_examples} examples: the selection was made on "
                         "other training data")
+
+
+def _check_recorded_duplicates(params: Any, fail) -> None:
+    """`extra.report.clustering_params`, which a resumed run compares and the model card reads: a dict, and its
+    recorded `near_duplicate_threshold` / `duplicate_weight` values a run could have resolved to."""
+    if params is None:
+        return
+    if not isinstance(params, dict):
+        fail("extra.report.clustering_params", f"must be a dict; found {type(params).__name__}")
+    recorded = {k: params[k] for k in ("near_duplicate_threshold", "duplicate_weight") if k in params}
+    try:
+        settings = SelectionSettings(**recorded)
+    except (ValueError, TypeError) as error:
+        fail("extra.report.clustering_params", f"must record valid near-duplicate settings; {str(error).rstrip('.')}")
+    if any(getattr(settings, key) == AUTO for key in recorded):
+        fail("extra.report.clustering_params", "must record the near-duplicate settings as resolved, not 'auto'")
 
 
 def check_saved_against(saved: SavedSelection, *, n_examples: int, fingerprint: str, config: ClusterSelectConfig,

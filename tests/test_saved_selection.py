@@ -140,7 +140,23 @@ CASES = {  # case: (tamper, the error after "<path>: ")
     "fingerprint missing": (lambda a: {"meta": {"fingerprint": None}}, "`fingerprint` is missing."),
     "fingerprint empty": (lambda a: {"meta": {"fingerprint": ""}}, "`fingerprint` must be a non-empty str; found ''."),
     "extra not a dict": (lambda a: {"meta": {"extra": [1]}}, "`extra` must be a dict; found list."),
+    "clustering_params not a dict": (lambda a: {"meta": {"extra": _with_params(a, ["x"])}},
+                                     "`extra.report.clustering_params` must be a dict; found list."),
+    "recorded threshold bad": (lambda a: {"meta": {"extra": _with_params(a, {"near_duplicate_threshold": "banana"})}},
+                               "`extra.report.clustering_params` must record valid near-duplicate settings; "
+                               "`near_duplicate_threshold` must be a float in (0, 1], None or 'auto', got 'banana'."),
+    "recorded weight auto": (lambda a: {"meta": {"extra": _with_params(a, {"duplicate_weight": "auto"})}},
+                             "`extra.report.clustering_params` must record the near-duplicate settings as resolved, "
+                             "not 'auto'."),
 }
+
+
+def _with_params(arrays, params):
+    """The saved `extra` with its report's `clustering_params` replaced (a dict is merged into the saved one)."""
+    extra = json.loads(str(arrays["meta"]))["extra"]
+    saved = extra["report"]["clustering_params"]
+    extra["report"]["clustering_params"] = {**saved, **params} if isinstance(params, dict) else params
+    return extra
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -376,6 +376,13 @@ def test_rule_settings_are_checked_against_the_rule_before_selecting():
     hardest_dropped = select_from_labels(labels, points, data_fraction=0.25, within_cluster="drop_hard_random",
                                          losses=np.arange(40.0), rule_settings={"drop_hardest": 0.5})
     assert np.isin(hardest_dropped.indices, np.r_[0:10, 20:30]).all()  # the 10 highest losses of each cluster out
+    from hf_cluster_select.selection.signal_rules import drop_hard_random
+
+    for share, n_c, dropped in ((0.07, 100, 7), (0.14, 50, 7), (np.float32(0.4), 50, 20), (0.41, 50, 21)):
+        pool = {int(p) for s in range(200) for p in drop_hard_random(np.zeros((n_c, 2)), 2, np.random.default_rng(s),
+                                                                   losses=np.arange(n_c, dtype=float),
+                                                                   drop_hardest=float(share))[0]}
+        assert max(pool) == n_c - dropped - 1  # losses 0..n_c-1: exactly the `dropped` highest left out
     for bad in (-1, float("nan"), "2"):  # values checked as ClusterSelectConfig checks them
         with pytest.raises(ValueError, match="`loss_outlier_z` must be a finite number > 0"):
             select_from_labels(labels, points, data_fraction=0.5, within_cluster="drop_loss_outliers", losses=losses,

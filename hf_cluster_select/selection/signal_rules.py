@@ -108,13 +108,19 @@ class DropHardestSettings(SelectionSettings):
                                                             lambda v: 0 <= v < 1, "a number in [0, 1)"))
 
 
+def _hardest_count(drop_hardest: float, n_c: int) -> int:
+    """Members to leave out: `drop_hardest · n_c` rounded up after rounding to 6 decimals, so that 0.07 · 100 is 7,
+    not 8 (the product is 7.000000000000001 in floating point), and a float32 0.4 of 50 members is 20."""
+    return int(math.ceil(round(drop_hardest * n_c, 6)))
+
+
 @WITHIN_CLUSTER_RULES.register("drop_hard_random", settings=DropHardestSettings)
 def drop_hard_random(points, keep, rng, norms=None, losses=None, drop_hardest: float = DROP_HARDEST):
     """CCS-like: drop the hardest `drop_hardest` share by warm-up loss (never below `keep` left), then random."""
     n_c = points.shape[0]
     if losses is None:
         return random(points, keep, rng)
-    n_drop = min(int(np.ceil(drop_hardest * n_c)), n_c - keep)
+    n_drop = min(_hardest_count(drop_hardest, n_c), n_c - keep)
     order = np.lexsort((rng.random(n_c), -np.asarray(losses, dtype=np.float64)))
     pool = order[n_drop:]
     return _uniform(rng.choice(pool, size=keep, replace=False), n_c)
@@ -127,7 +133,7 @@ def loss_stratified(points, keep, rng, norms=None, losses=None, drop_hardest: fl
     n_c = points.shape[0]
     if losses is None:
         return distance_stratified(points, keep, rng)
-    n_drop = min(int(np.ceil(drop_hardest * n_c)), n_c - keep)
+    n_drop = min(_hardest_count(drop_hardest, n_c), n_c - keep)
     order = np.lexsort((rng.random(n_c), np.asarray(losses, dtype=np.float64)))[: n_c - n_drop]
     strata = np.array_split(order, keep)
     positions = np.array([s[rng.integers(s.size)] for s in strata], dtype=np.int64)
