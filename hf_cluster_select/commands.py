@@ -146,6 +146,11 @@ def _config_naming_options(values: dict, options: dict) -> ClusterSelectConfig:
     except (ValueError, TypeError) as error:
         message = re.sub(r"`strategy_kwargs`: `(\w+)`", lambda m: f"`--{m.group(1).replace('_', '-')}`"
                          if m.group(1) in options else m.group(0), str(error))
+        head, sep, tail = message.partition(". The chosen ones take")
+        if head.startswith("`strategy_kwargs` has settings") and any(f"'{name}'" in head for name in options):
+            for name in options:  # settings the chosen strategies do not take, typed as options
+                head = head.replace(f"'{name}'", f"`--{name.replace('_', '-')}`")
+            message = head.replace("`strategy_kwargs` has settings", "the options have settings", 1) + sep + tail
         raise type(error)(message) from error
 
 

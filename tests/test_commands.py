@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -115,6 +116,11 @@ def test_every_config_field_is_an_option_and_none_parses():
     same = config_from_args(parser.parse_args(json_only + ['{"near_duplicate_threshold": 1}',
                                                            "--near-duplicate-threshold", "1.0"]))
     assert same.selection_settings.near_duplicate_threshold == 1.0  # 1 and 1.0 mean the same value
+    with pytest.raises(ValueError, match=r"^the options have settings that none of the chosen strategies takes: "
+                                         r"`--drop-hardest` \(a setting of within_cluster='drop_hard_random'"):
+        config_from_args(parser.parse_args(json_only[:-1] + ["--drop-hardest", "0.4"]))  # named as typed
+    with pytest.raises(ValueError, match=r"^`strategy_kwargs` has settings .*: 'drop_hardest'"):
+        config_from_args(parser.parse_args(json_only + ['{"drop_hardest": 0.4}']))
 
 
 def test_bad_columns_paths_and_values_are_one_line_errors(tmp_path, model_folder, data_file, capsys):
@@ -362,3 +368,41 @@ def test_auto_is_accepted_in_any_case_by_every_option_that_takes_it():
             config.selection_settings.quota) == ("auto", "auto", "auto", "auto", "auto", "uniform")
     with pytest.raises(SystemExit):  # other text still meets the choices check
         build_parser().parse_args(["select", "--model", "m", "--dataset", "d", "--output", "o", "--quota", "UNIFORM"])
+
+
+def test_a_dataset_tokenized_as_docs_cli_says_trains_on_the_selection(tmp_path, model_folder, data_file):
+    """docs/cli.md's recipe for the training data of `ClusterTrainer(selection="selection/")`: prompt and completion
+    without special tokens, EOS after the completion, labels −100 on the prompt, exactly the three columns. It is
+    accepted and trains on the kept rows; the same data with one more column is refused as other training data."""
+    import datasets
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments
+
+    from hf_cluster_select import ClusterTrainer
+    from hf_cluster_select.collate import pad_collate
+
+    out = str(tmp_path / "sel")
+    assert main(["select", "--model", model_folder, "--dataset", data_file, "--prompt-column", "q",
+                 "--completion-column", "a", "--data-fraction", "0.25", "--output", out]) == 0
+    tokenizer = AutoTokenizer.from_pretrained(model_folder)
+    rows = [json.loads(line) for line in open(data_file)]
+    examples = []
+    for row in rows:
+        prompt = tokenizer(row["q"], add_special_tokens=False)["input_ids"]
+        answer = tokenizer(row["a"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        examples.append({"input_ids": prompt + answer, "attention_mask": [1] * (len(prompt) + len(answer)),
+                         "labels": [-100] * len(prompt) + answer})
+    dataset = datasets.Dataset.from_list(examples)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    collator = functools.partial(pad_collate, pad_token_id=pad)
+
+    def trainer(data, name):
+        args = TrainingArguments(output_dir=str(tmp_path / name), per_device_train_batch_size=4, num_train_epochs=1,
+                                 report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True)
+        return ClusterTrainer(model=AutoModelForCausalLM.from_pretrained(model_folder), args=args, train_dataset=data,
+                              data_collator=collator, selection=out)
+
+    run = trainer(dataset, "ok")
+    run.train()
+    assert run.selection.indices.tolist() == json.load(open(os.path.join(out, "selection_report.json")))["kept_indices"]
+    with pytest.raises(ValueError, match="different training data"):
+        trainer(dataset.add_column("id", list(range(len(rows)))), "extra").train()
