@@ -316,15 +316,15 @@ class SelectionRun:
         """Refuse a selection made for another run (`saved_selection.check_saved_against` with this run's data,
         target set, config and model); the fields in `ignore` may differ (`ClusterTrainer(selection=...)` ignores
         `selection_warmup_steps`: it trains without a warm-up, and passes `check_model=False`: a selection made with
-        one model may train another).
+        one model may train another, so the near-duplicate settings are compared as written, not as resolved).
 
         Raises:
             ValueError: as `check_saved_against` says (the file, field or setting is named).
         """
         check_saved_against(saved, n_examples=self.plan.n_examples, fingerprint=self.fingerprint,
                             config=self.config, target_fingerprint=self.target_fingerprint,
-                            model_config=self.facts.model_config, duplicates=self.facts.duplicates, ignore=ignore,
-                            check_model=check_model)
+                            model_config=self.facts.model_config, ignore=ignore, check_model=check_model,
+                            duplicates=self.facts.duplicates if check_model else None)
 
     @property
     def dense_loss_weights(self) -> torch.Tensor | None:

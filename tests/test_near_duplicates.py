@@ -334,6 +334,19 @@ def test_a_classification_head_runs_the_check_by_default(tmp_path, tokenizer):
     grouped, _ = run("group", near_duplicate_threshold=0.7, duplicate_weight="group")
     with pytest.raises(ValueError, match="duplicate_weight: 'one' in the checkpoint, 'group' now"):
         trainers["group"].selection_run.check_saved(load_selection(str(tmp_path / "auto_ckpt")))
+    # a selection made for another kind of model ("auto" recorded as None / "group", a language model's) is refused
+    # on resume, but `selection=` (check_model=False: another model may train on it) compares the settings as written
+    import dataclasses
+
+    saved = load_selection(str(tmp_path / "auto_ckpt"))
+    report = dict(saved.extra["report"], clustering_params={**saved.extra["report"]["clustering_params"],
+                                                            "near_duplicate_threshold": None, "duplicate_weight": "group"})
+    from_a_language_model = dataclasses.replace(saved, extra={**saved.extra, "report": report})
+    with pytest.raises(ValueError, match="duplicate_weight: 'group' in the checkpoint, 'one' now"):
+        auto_trainer.selection_run.check_saved(from_a_language_model)
+    auto_trainer.selection_run.check_saved(from_a_language_model, check_model=False)
+    with pytest.raises(ValueError, match="near_duplicate_threshold: 'auto' in the checkpoint, 0.7 now"):
+        explicit_trainer.selection_run.check_saved(from_a_language_model, check_model=False)  # as written
     trainers["group"].selection_run.save(str(tmp_path / "group_ckpt"))
     with pytest.raises(ValueError, match="duplicate_weight: 'group' in the checkpoint, 'one' now"):  # auto = "one"
         auto_trainer.selection_run.check_saved(load_selection(str(tmp_path / "group_ckpt")))
