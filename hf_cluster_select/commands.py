@@ -128,14 +128,14 @@ def config_from_args(args: argparse.Namespace) -> ClusterSelectConfig:
                for name, field in _setting_fields().items()
                if getattr(args, "set_" + name, SUPPRESS_SETTING) is not SUPPRESS_SETTING}
     both = sorted(set(options) & set(_json_settings(values.get("strategy_kwargs"))))
-    if both:  # each value checked on its own first (the JSON's errors name strategy_kwargs), then compared
-        from_json = ClusterSelectConfig.from_flat(values).resolved()
-        from_options = _config_naming_options(values, options).resolved()
-        for name in both:
-            if from_json[name] != from_options[name]:
-                raise ValueError(f"`{name}` is given twice: {options[name]!r} by `--{name.replace('_', '-')}` and "
-                                 f"{from_json[name]!r} in `--strategy-kwargs`; give it once.")
-    return _config_naming_options(values, options)
+    from_json = ClusterSelectConfig.from_flat(values).resolved() if both else {}  # the JSON's errors first
+    config = _config_naming_options(values, options)
+    from_options = config.resolved() if both else {}
+    for name in both:  # each value checked on its own, then compared
+        if from_json[name] != from_options[name]:
+            raise ValueError(f"`{name}` is given twice: {options[name]!r} by `--{name.replace('_', '-')}` and "
+                             f"{from_json[name]!r} in `--strategy-kwargs`; give it once.")
+    return config
 
 
 def _config_naming_options(values: dict, options: dict) -> ClusterSelectConfig:

@@ -25,6 +25,11 @@ NOT_SELECTION_FIELDS = frozenset({"balance_tokens", "balance_window", "feature_b
                                   "reset_optimizer_state"})
 
 
+# Settings whose "auto" is resolved per model when the selection runs (`pipeline.resolved_duplicates`); the report's
+# `clustering_params` records the values.
+RESOLVED_PER_MODEL = ("near_duplicate_threshold", "duplicate_weight")
+
+
 def _resolved(values: dict) -> dict:
     """`ClusterSelectConfig.resolved()` of a `to_dict()`; where it does not build (a strategy not registered in
     this process), its fields with `strategy_kwargs` flattened in."""
@@ -45,8 +50,7 @@ def config_differences(saved: dict, current: dict, ignore: tuple[str, ...] = (),
     `clustering_params`), the current run's for its model (`current_resolved`, `RunFacts.duplicates`); as given
     when either is unknown (a checkpoint of an older version)."""
     saved, current = _resolved(saved), _resolved(current)
-    for name in set(saved_resolved or {}) & set(current_resolved or {}) & {"near_duplicate_threshold",
-                                                                          "duplicate_weight"}:
+    for name in set(saved_resolved or {}) & set(current_resolved or {}) & set(RESOLVED_PER_MODEL):
         saved[name], current[name] = saved_resolved[name], current_resolved[name]
     skip = NOT_SELECTION_FIELDS | set(ignore)
     return [f"{name}: {saved[name]!r} in the checkpoint, {current[name]!r} now"
@@ -191,7 +195,7 @@ def _check_recorded_duplicates(params: Any, fail) -> None:
         return
     if not isinstance(params, dict):
         fail("extra.report.clustering_params", f"must be a dict; found {type(params).__name__}")
-    recorded = {k: params[k] for k in ("near_duplicate_threshold", "duplicate_weight") if k in params}
+    recorded = {k: params[k] for k in RESOLVED_PER_MODEL if k in params}
     try:
         settings = SelectionSettings(**recorded)
     except (ValueError, TypeError) as error:

@@ -144,8 +144,8 @@ def feature_pass(
     or, for sequence classification, on `score` / `classifier` / `classification_head` (its `out_proj` for
     RoBERTa-, BART- and T5-style heads); logits are taken in fp32. Causal LMs: `logits[:, t]` is scored against
     `labels[:, t + 1]` (tokens labelled -100 carry no loss); without `labels`, targets are the `input_ids` with
-    padding (attention_mask == 0) ignored. Encoder–decoder models: labels are not shifted. Sequence classification: one token per example, at the position the model
-    pools; without `labels`, the predicted class (BADGE). A batch holds at most 4·`batch_size` examples; the
+    padding (attention_mask == 0) ignored. Encoder–decoder models: labels are not shifted. Sequence classification:
+    one token per example, at the position the model pools; without `labels`, the predicted class (BADGE). A batch holds at most 4·`batch_size` examples; the
     modules' training flags and hooks are restored afterwards. PEFT models work.
 
     Args:

@@ -71,9 +71,14 @@ def rule_settings_of(config: Any) -> dict[str, Any]:
     Args:
         config (`ClusterSelectConfig`): the run's config; its `selection_settings` are read.
     """
-    shared = {f.name for f in dataclasses.fields(SelectionSettings)}
     settings = config.selection_settings
-    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name not in shared}
+    return {name: getattr(settings, name) for name in _own_fields(type(settings))}
+
+
+def _own_fields(settings_class: type) -> list[str]:
+    """The fields of a rule's settings class that the base `SelectionSettings` lacks, in declaration order."""
+    shared = {f.name for f in dataclasses.fields(SelectionSettings)}
+    return [f.name for f in dataclasses.fields(settings_class) if f.name not in shared]
 
 
 def checked_rule_settings(name: str, rule: Any, settings: Any) -> dict[str, Any]:
@@ -103,8 +108,6 @@ def checked_rule_settings(name: str, rule: Any, settings: Any) -> dict[str, Any]
         raise ValueError(f"`rule_settings` {unknown} are not settings of within_cluster={name!r}; it takes "
                          f"{own or 'none'}.")
     settings_class = WITHIN_CLUSTER_RULES.settings_class(name)
-    fields = {f.name for f in dataclasses.fields(settings_class)} - {f.name for f in
-                                                                     dataclasses.fields(SelectionSettings)}
+    fields = set(_own_fields(settings_class))
     checked = settings_class(**{key: value for key, value in settings.items() if key in fields})
     return {key: getattr(checked, key) if key in fields else value for key, value in settings.items()}
-
