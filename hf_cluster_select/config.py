@@ -192,13 +192,14 @@ class ClusterSelectConfig:
 
     def sharded_conflicts(self) -> list[str]:
         """The settings sharded selection (`selection/sharded.py`) does not implement, as `"name=value"` strings:
-        another `cluster_method` than `fine_kmeans`, a token budget, strata, a target set, token near-duplicates.
-        Empty when it can run."""
+        another `cluster_method` than `fine_kmeans`, a token budget, strata, a target set, token near-duplicates,
+        the noise filter (`noise_share`). Empty when it can run."""
         current = {"cluster_method": self.cluster_method, "budget_unit": self.budget_unit,
                    "stratify_column": self.stratify_column, "target": self.target,
                    "near_duplicate_threshold": (None if self.selection_settings.near_duplicate_threshold == AUTO
-                                                else self.selection_settings.near_duplicate_threshold)}
-        supported = {"cluster_method": "fine_kmeans", "budget_unit": "examples"}
+                                                else self.selection_settings.near_duplicate_threshold),
+                   "noise_share": self.selection_settings.noise_share}
+        supported = {"cluster_method": "fine_kmeans", "budget_unit": "examples", "noise_share": 0.0}
         return [f"{name}={value!r}" for name, value in current.items() if value != supported.get(name)]
 
     # ---- resolved settings ------------------------------------------------------------------------------------
@@ -373,7 +374,8 @@ def _owners_hint(names: list[str]) -> str:
 def check_target_combination(config: "ClusterSelectConfig") -> None:
     """Raise `ValueError` for settings targeted selection cannot follow (called for `target="eval"` here, and by the
     trainer when it is given a `target_dataset`): CluSTER's allocation (one cluster per rank, weights for the pool),
-    a token budget and a `stratify_column` (both split the budget by the pool, not by the target), and
+    a token budget and a `stratify_column` (both split the budget by the pool, not by the target), the noise filter
+    (`noise_share`), and
     `data_fraction=1.0` (nothing to choose)."""
     if config.allocation == "paper":
         raise ValueError("a target set needs `allocation`='balanced': 'paper' (CluSTER) deals whole clusters to ranks "
@@ -383,6 +385,9 @@ def check_target_combination(config: "ClusterSelectConfig") -> None:
     if config.stratify_column is not None:
         raise ValueError(f"a target set replaces `stratify_column` ({config.stratify_column!r}): the budget goes to "
                          "the target tasks (`target_column`), not to the pool's strata. Drop one of them.")
+    if config.selection_settings.noise_share > 0:
+        raise ValueError(f"a target set chooses by the target, not from the pool's candidates: `noise_share`="
+                         f"{config.selection_settings.noise_share} is not used with one. Drop one of them.")
     if config.data_fraction >= 1.0:
         raise ValueError("`data_fraction`=1.0 keeps every example, so a target set has nothing to choose: lower "
                          "data_fraction, or drop the target.")

@@ -28,6 +28,7 @@ from .reporting.feature_map import feature_map_points
 from .selection import (WITHIN_CLUSTER_RULES, cluster_features, relevance_scores, select_subset, select_targeted,
                         target_self_relevance)
 from .selection.near_duplicates import near_duplicate_groups, union_groups
+from .selection.noise_filter import neighbour_agreement, suspected_noise
 from .selection.sharded import select_sharded
 from .settings import resolve_duplicates
 from .validation import check_loss_tokens
@@ -130,9 +131,16 @@ def select_with_model(
         return _select_sharded_with_model(model, dataset, collator, config=config, facts=facts, lengths=lengths,
                                           clock=clock, batch_size=batch_size, show_progress=show_progress)
     clock.start("features")
-    features, loss_tokens, norms, losses, from_cache = cached_or_computed_features(
-        model, dataset, collator, config=config, facts=facts, lengths=lengths, batch_size=batch_size,
-        show_progress=show_progress, cache=cache, identity=identity)
+    inputs = None
+    if config.selection_settings.noise_share > 0:  # the input states are not cached: the pass runs every time
+        features, loss_tokens, norms, losses, inputs = gathered_feature_pass(
+            model, dataset, collator, config=config, facts=facts, lengths=lengths, batch_size=batch_size,
+            show_progress=show_progress, input_states=True)
+        from_cache = False
+    else:
+        features, loss_tokens, norms, losses, from_cache = cached_or_computed_features(
+            model, dataset, collator, config=config, facts=facts, lengths=lengths, batch_size=batch_size,
+            show_progress=show_progress, cache=cache, identity=identity)
     check_loss_tokens(loss_tokens)
     target_features = None
     if target is not None:
@@ -158,8 +166,9 @@ def select_with_model(
             result = with_near_duplicates(result, token_groups)
         target_summary = None
         if target is None:
+            result, suspected = with_noise_filter(result, inputs, features, config)
             chosen = select_subset(result, config, norms=norms, losses=rule_losses, strata=facts.strata,
-                                   lengths=lengths)
+                                   lengths=lengths, suspected=suspected)
         else:
             chosen, target_summary = _select_for_target(result, features, target, target_features, target_tokens,
                                                         config)
@@ -219,6 +228,19 @@ def _token_groups(dataset: Any, config: ClusterSelectConfig, clock: PhaseClock) 
     return groups
 
 
+def with_noise_filter(result: ClusteringResult, inputs: Any, features: Any,
+                      config: ClusterSelectConfig) -> tuple[ClusteringResult, np.ndarray | None]:
+    """`(result with params["n_suspected_noise"], suspected [n] bool)` when `inputs` (input states `[n, r]`) are
+    given: in every cluster, its `noise_share` of lowest k-NN agreement (`selection/noise_filter.py`), so the
+    clusters keep their shares of the budget; else `(result, None)`."""
+    if inputs is None:
+        return result, None
+    settings = config.selection_settings
+    agreement = neighbour_agreement(inputs, features, neighbors=settings.noise_neighbors, seed=config.selection_seed)
+    suspected = suspected_noise(agreement, settings.noise_share, result.labels)
+    return dataclasses.replace(result, params={**result.params, "n_suspected_noise": int(suspected.sum())}), suspected
+
+
 def with_near_duplicates(result: ClusteringResult, token_groups: Any) -> ClusteringResult:
     """`result` with its duplicate groups joined with `token_groups` `[n]` (`union_groups`: an example in a
     feature-space group and a token group joins both) and `params["n_near_duplicate_rows"]`: the examples the
@@ -276,23 +298,42 @@ def cached_or_computed_features(model, dataset, collator, *, config: ClusterSele
                                              if cached is not None else None)
         return (cached["features"] if cached is not None else None, np.asarray(small["loss_tokens"]),
                 small["norms"], small["losses"], True)
-    local, output = _feature_pass(model, dataset, collator, config=config, facts=facts, lengths=lengths,
-                                  batch_size=batch_size, show_progress=show_progress)
-    features = distributed.gather_rows(output.features, local, n, dst=0)  # only rank 0 clusters: None elsewhere
-    loss_tokens = distributed.gather_rows(output.loss_tokens.reshape(-1, 1), local, n).reshape(-1).numpy()
-    norms, losses = (None if v is None else distributed.gather_rows(v.reshape(-1, 1), local, n).reshape(-1).numpy()
-                     for v in (output.norms, output.losses))  # a custom signal may leave them out
+    features, loss_tokens, norms, losses, _ = gathered_feature_pass(
+        model, dataset, collator, config=config, facts=facts, lengths=lengths, batch_size=batch_size,
+        show_progress=show_progress)
     if use_cache and distributed.rank() == 0 and bool((loss_tokens > 0).any()):
         try:
-            cache.save(identity, {"features": features.numpy(), "loss_tokens": loss_tokens, "norms": norms,
+            cache.save(identity, {"features": features, "loss_tokens": loss_tokens, "norms": norms,
                                   "losses": losses})
         except OSError as error:  # a full or read-only disk costs the cache, never the run
             logger.warning("could not store the features in the cache %s: %s", cache.directory, error)
-    return None if features is None else features.numpy(), loss_tokens, norms, losses, False
+    return features, loss_tokens, norms, losses, False
+
+
+def gathered_feature_pass(model, dataset, collator, *, config: ClusterSelectConfig, facts: RunFacts,
+                          lengths: Sequence[int], batch_size: int, show_progress: bool,
+                          input_states: bool = False) -> tuple:
+    """`(features [n, dim], loss_tokens [n], norms [n], losses [n], inputs [n, r])` as numpy arrays from every rank's
+    feature pass (`_feature_pass`): features and input states on rank 0 only (None elsewhere; `inputs` is None
+    unless `input_states`), the per-example values on every rank; `norms` / `losses` None where a custom signal
+    leaves them out."""
+    n = len(lengths)
+    local, output = _feature_pass(model, dataset, collator, config=config, facts=facts, lengths=lengths,
+                                  batch_size=batch_size, show_progress=show_progress, input_states=input_states)
+    if input_states and output.inputs is None:
+        raise ValueError(f"`noise_share` needs the input states of the feature pass; feature={facts.feature!r} "
+                         "gives none (a custom signal?). Use a built-in feature or noise_share=0.")
+    features, inputs = (None if v is None else distributed.gather_rows(v, local, n, dst=0)
+                        for v in (output.features, output.inputs))  # only rank 0 clusters: None elsewhere
+    loss_tokens = distributed.gather_rows(output.loss_tokens.reshape(-1, 1), local, n).reshape(-1).numpy()
+    norms, losses = (None if v is None else distributed.gather_rows(v.reshape(-1, 1), local, n).reshape(-1).numpy()
+                     for v in (output.norms, output.losses))  # a custom signal may leave them out
+    return (None if features is None else features.numpy(), loss_tokens, norms, losses,
+            None if inputs is None else inputs.numpy())
 
 
 def _feature_pass(model, dataset, collator, *, config: ClusterSelectConfig, facts: RunFacts, lengths: Sequence[int],
-                  batch_size: int, show_progress: bool) -> tuple[list[int], Any]:
+                  batch_size: int, show_progress: bool, input_states: bool = False) -> tuple[list[int], Any]:
     """This rank's strided shard of the dataset (`distributed.shard_indices`) and its `FeatureOutput`
     (`facts.feature` after `facts.feature_layers` blocks)."""
     local = distributed.shard_indices(len(lengths), distributed.world_size(), distributed.rank())
@@ -301,6 +342,7 @@ def _feature_pass(model, dataset, collator, *, config: ClusterSelectConfig, fact
             model, dataset, local, collator, batch_size=batch_size, lengths=[int(lengths[i]) for i in local],
             projection_dim=config.feature_settings.projection_dim, projection_seed=config.selection_seed,
             show_progress=show_progress, shift_labels=facts.shift_labels, autocast=facts.feature_autocast,
+            **({"input_states": True} if input_states else {}),
         )
     return local, output
 

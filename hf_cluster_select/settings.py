@@ -157,8 +157,16 @@ class SelectionSettings:
             all its copies (its weight × the group's size: repetition kept as part of the mixture), `"one"` = itself
             (the copies' mass is dropped and the weights rescaled to sum to n, as SemDeDup drops them); `"auto"` =
             `"one"` where `near_duplicate_threshold="auto"` turns the token check on, else `"group"`.
+        noise_share (`float`, defaults to `0.0`): fraction 0–1 of the pool, in [0, 1), to treat as suspected label or
+            reply noise: the examples whose target agrees least with those of their input neighbours
+            (`selection/noise_filter.py`, Deep k-NN, Bahri et al., ICML 2020) are deferred, kept only when the
+            budget needs them. 0 = off. Set it near the pool's noise rate when known. Not with a target set or
+            sharded selection; its feature pass bypasses the feature cache. Measured in `benchmarks/README.md`
+            ("Noisy and redundant pools").
+        noise_neighbors (`int`, defaults to `10`): neighbours per example of the noise filter, >= 1.
     Raises:
-        ValueError: for an unknown quota or duplicate weight, or a threshold outside (0, 1].
+        ValueError: for an unknown quota or duplicate weight, a threshold outside (0, 1], a `noise_share` outside
+            [0, 1) or `noise_neighbors` < 1.
     """
 
     quota: str = field(default="proportional", metadata={
@@ -173,9 +181,17 @@ class SelectionSettings:
                 "size); 'one' = itself (the copies' weight is dropped, the rest rescaled to sum to n); 'auto' = "
                 "'one' where near_duplicate_threshold='auto' turns the token check on, else 'group'.",
         "choices": ["auto", "group", "one"]})
+    noise_share: float = field(default=0.0, metadata={
+        "help": "Fraction in [0, 1) of the pool to defer as suspected label/reply noise: the examples whose target "
+                "agrees least with their input neighbours' (k-NN agreement); 0 = off."})
+    noise_neighbors: int = field(default=10, metadata={
+        "help": "Neighbours per example of the noise filter (noise_share), >= 1."})
 
     def __post_init__(self) -> None:
         check_choice("quota", self.quota, choices_of(SelectionSettings, "quota"))
+        object.__setattr__(self, "noise_share", check_real(
+            "noise_share", self.noise_share, lambda v: 0.0 <= v < 1.0, "a fraction in [0, 1)"))
+        check_int_setting("noise_neighbors", self.noise_neighbors, 1)
         value = self.near_duplicate_threshold
         if value is not None and value != AUTO:
             object.__setattr__(self, "near_duplicate_threshold", check_real(

@@ -18,6 +18,7 @@ kept (`torch.inference_mode()`, eval mode, so gradient checkpointing does not ap
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import tempfile
 import time
@@ -35,6 +36,7 @@ from .inputs import token_batches, validate_inputs
 from .projection import RandomProjection
 
 FEATURE_MEMMAP_BYTES = 1 << 31  # feature matrices above 2 GiB go to a memory-mapped file
+INPUT_STATE_DIM = 256  # input states (`FeatureOutput.inputs`) above this size are randomly projected to it
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,10 @@ class FeatureOutput:
         norms (`torch.Tensor` of shape `[n]`, float32, *optional*): L2 norm of each row before normalisation.
         losses (`torch.Tensor` of shape `[n]`, float32, *optional*): mean cross-entropy (nats) over each example's
             loss-bearing tokens under the model as it is (0 without loss tokens).
+        inputs (`torch.Tensor` of shape `[n, r]`, float32, *optional*): with `feature_pass(input_states=True)`, each
+            example's head input at its first loss-bearing token (a zero row without one): the pooled token of a
+            classification head, the last prompt token of a causal LM, so it has seen no target token. `r` = the
+            head input's size, or `INPUT_STATE_DIM` by a seeded random projection when that is larger.
     """
 
     features: torch.Tensor
@@ -57,6 +63,7 @@ class FeatureOutput:
     seconds: float
     norms: torch.Tensor | None = None
     losses: torch.Tensor | None = None
+    inputs: torch.Tensor | None = None
 
 
 class Signal(Protocol):
@@ -137,6 +144,7 @@ def feature_pass(
     shift_labels: bool | None = None,
     gather_loss_positions: bool = True,
     autocast: bool | None = None,
+    input_states: bool = False,
 ) -> FeatureOutput:
     """One forward pass (no backward) over `dataset[indices]`, one `signal` vector per example.
 
@@ -171,6 +179,8 @@ def feature_pass(
         autocast (`bool`, *optional*): run the forward under `torch.autocast(dtype=torch.bfloat16)`; `None` = on CUDA
             only. Otherwise the forward runs with autocast switched off, also under a Trainer's bf16 mixed precision
             (accelerate's autocast wrapper of `forward` is bypassed for the pass).
+        input_states (`bool`, *optional*, defaults to `False`): also return `FeatureOutput.inputs`, the head input at
+            each example's first loss-bearing token (the noise filter's input side, `selection/noise_filter.py`).
     Returns:
         `FeatureOutput`: features `[n, dim]`, loss-token counts `[n]`, raw norms `[n]`, mean losses `[n]`, seconds.
     Raises:
@@ -187,6 +197,7 @@ def feature_pass(
     batches = token_batches(lengths, batch_size)
     captured: dict[str, Any] = {}
     rows = _FeatureRows(len(indices))
+    inputs = _InputStates(len(indices), projection_seed) if input_states else None
     with _eval_with_hooks(model, head, captured), torch.inference_mode(), cast, \
             _forward_without_mixed_precision(model, bf16):
         for positions in tqdm(batches, desc=desc, disable=not show_progress):
@@ -194,10 +205,13 @@ def feature_pass(
             tokens = head_tokens(model, batch, captured, accepted, device, shift_labels, token_level,
                                  gather_loss_positions)
             captured.clear()
+            if inputs is not None:
+                inputs.store(positions, tokens)
             vectors, counts, batch_losses = _batch_features(tokens, signal)
             vectors, projection = _project(vectors, projection, projection_dim, projection_seed)
             rows.store(positions, vectors, counts, batch_losses, normalize)
-    return rows.output(time.perf_counter() - start_time)
+    output = rows.output(time.perf_counter() - start_time)
+    return output if inputs is None else dataclasses.replace(output, inputs=inputs.values)
 
 
 def _device_and_autocast(model: torch.nn.Module, bf16: bool) -> tuple[torch.device, Any]:
@@ -307,3 +321,28 @@ def signal_features(make_signal: Callable[[dict], Signal], doc: str,
     features.__name__ = features.__qualname__ = name
     return features
 
+
+
+class _InputStates:
+    """`FeatureOutput.inputs` for `n` requested indices: the head input at every example's first loss-bearing token,
+    projected to `INPUT_STATE_DIM` (seeded `RandomProjection`) when the head input is larger."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed = n, seed
+        self.values: torch.Tensor | None = None
+        self.projection: RandomProjection | None = None
+
+    def store(self, positions: Sequence[int], tokens: HeadTokens) -> None:
+        """The rows `positions` of one batch (a zero row for an example without loss-bearing tokens)."""
+        first = _ranks_in_example(tokens.rows) == 1  # tokens are in order within each example
+        hidden = tokens.hidden[first].float()
+        if self.values is None:
+            if hidden.shape[1] > INPUT_STATE_DIM:
+                self.projection = RandomProjection(hidden.shape[1], INPUT_STATE_DIM, seed=self.seed)
+            with torch.inference_mode(False):
+                self.values = torch.zeros(self.n, min(hidden.shape[1], INPUT_STATE_DIM), dtype=torch.float32)
+        if self.projection is not None:
+            hidden = self.projection(hidden).float()
+        batch = torch.zeros(len(positions), self.values.shape[1], dtype=torch.float32)
+        batch[tokens.rows[first].cpu()] = hidden.cpu()
+        self.values[torch.tensor(positions, dtype=torch.int64)] = batch

@@ -29,7 +29,8 @@ _FLOAT_FIELDS = (
 )
 _METRIC_FIELDS = (
     "n_examples", "n_kept", "fraction_kept", "tokens_total", "tokens_kept", "fraction_tokens_kept", "n_clusters",
-    "n_noise", "n_nonfinite_features", "n_no_loss_tokens", "n_near_duplicate_rows", "warmup_steps", "selected_steps",
+    "n_noise", "n_nonfinite_features", "n_no_loss_tokens", "n_near_duplicate_rows", "n_suspected_noise", "warmup_steps",
+    "selected_steps",
     "full_data_steps", "warmup_seconds", "features_seconds", "near_duplicates_seconds",
     "clustering_seconds", "selection_seconds", "training_seconds", "total_seconds", "full_data_seconds",
     "seconds_saved", "fraction_saved",
@@ -68,6 +69,8 @@ class SelectionReport:
             clustering and selected only when the budget needs them.
         n_near_duplicate_rows (`int` or `None`): examples the token near-duplicate check
             (`SelectionSettings.near_duplicate_threshold`) put into an earlier example's group; `None` = not run.
+        n_suspected_noise (`int` or `None`): examples the noise filter (`SelectionSettings.noise_share`) deferred as
+            suspected label/reply noise; `None` = not run.
         cluster_sizes (`list[int]` of length `n_clusters`): full-data size of each cluster.
         kept_per_cluster (`list[int]` of length `n_clusters`): kept examples of each cluster.
         clustering_method (`str`), fallback (`str` or `None`), clustering_params (`dict`): as in `ClusteringResult`.
@@ -126,6 +129,7 @@ class SelectionReport:
     n_nonfinite_features: int = 0
     n_no_loss_tokens: int = 0
     n_near_duplicate_rows: int | None = None
+    n_suspected_noise: int | None = None
     cluster_sizes: list[int] = field(default_factory=list)
     kept_per_cluster: list[int] = field(default_factory=list)
     clustering_method: str = ""
@@ -241,6 +245,7 @@ class SelectionReport:
             n_noise=clustering.n_noise, n_nonfinite_features=clustering.n_nonfinite,
             n_no_loss_tokens=clustering.n_no_loss,
             n_near_duplicate_rows=clustering.params.get("n_near_duplicate_rows"),
+            n_suspected_noise=clustering.params.get("n_suspected_noise"),
             cluster_sizes=np.bincount(labels, minlength=n_clusters).tolist(),
             kept_per_cluster=np.bincount(np.asarray(selection.labels, dtype=np.int64), minlength=n_clusters).tolist(),
             clustering_method=clustering.method, fallback=clustering.fallback,

@@ -356,7 +356,7 @@ def _member_picker(rule, within_cluster: str, seed: int, cluster: int, members: 
 
 
 def select_subset(result: ClusteringResult, config: ClusterSelectConfig, *, norms: Any = None,
-                  losses: Any = None, strata: Any = None, lengths: Any = None) -> Selection:
+                  losses: Any = None, strata: Any = None, lengths: Any = None, suspected: Any = None) -> Selection:
     """Select from a clustering with the settings of `config` (`data_fraction`, `within_cluster` and its
     `quota` and `duplicate_weight`, `selection_seed`, `budget_unit`). Without a model, `duplicate_weight="auto"`
     is `"group"` (`settings.resolve_duplicates`; the trainer resolves it per model first).
@@ -369,6 +369,8 @@ def select_subset(result: ClusteringResult, config: ClusterSelectConfig, *, norm
         strata (array-like of shape `[n_examples]`, *optional*): the values of `config.stratify_column`.
         lengths (array-like of shape `[n_examples]`, int, *optional*): tokens per example; required when
             `config.budget_unit="tokens"`.
+        suspected (array-like of shape `[n_examples]`, bool, *optional*): suspected label/reply noise
+            (`noise_filter.suspected_noise`), deferred too.
     Examples without loss-bearing tokens (raw label `NO_LOSS_LABEL`) are `deferred`: kept only when the budget
     cannot be met without them.
 
@@ -388,7 +390,8 @@ def select_subset(result: ClusteringResult, config: ClusterSelectConfig, *, norm
         within_cluster=config.within_cluster,
         quota=config.selection_settings.quota,
         seed=config.selection_seed,
-        deferred=np.asarray(result.raw_labels) == NO_LOSS_LABEL,
+        deferred=(np.asarray(result.raw_labels) == NO_LOSS_LABEL) | (False if suspected is None
+                                                                     else np.asarray(suspected, dtype=bool)),
         norms=norms,
         losses=losses,
         groups=result.groups,

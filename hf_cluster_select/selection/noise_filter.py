@@ -1,0 +1,137 @@
+"""Label and reply noise: examples whose target disagrees with the targets of examples with similar inputs.
+
+The k-nearest-neighbour agreement of Deep k-NN for noisy labels (Bahri, Jiang & Gupta, ICML 2020, section 3), on the
+feature pass's own outputs. Every example `i` has an input state `u_i` (`FeatureOutput.inputs`: the head input at
+its first loss-bearing token — the pooled token of a classification head, the last prompt token of a causal LM — so
+it has seen no target) and a learning-effect feature `f_i`. Its agreement is the mean cosine `cos(f_i, f_j)` over
+its `neighbors` nearest examples `j` by `cos(u_i, u_j)`. For BADGE, `f ≈ (p − onehot(y)) ⊗ h`, so `cos(f_i, f_j)` is
+about `[y_i = y_j] · cos(h_i, h_j)`: the share of similar inputs with the same label, weighted by how similar they
+are; for a language model's `hidden_mean`, how alike the replies to similar prompts are. A relabelled example or a
+reply swapped from another task has low agreement.
+
+`ClusterSelectConfig(strategy_kwargs={"noise_share": s})` defers, in every cluster, its share `s` of lowest agreement:
+they are kept only when the budget cannot be met without them (`select.select_from_labels`'s `deferred`). Measured in
+`benchmarks/README.md` ("Noisy and redundant pools", the noise filter).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..config import ClusterSelectConfig
+from ..settings import SelectionSettings
+
+REFERENCE_ROWS = 8192  # neighbours are searched among at most this many rows (a seeded sample above it)
+CHUNK_ROWS = 1024  # rows whose similarities are held at once: [CHUNK_ROWS, reference] floats
+
+
+def _unit_rows(values: Any, name: str, n: int | None = None) -> np.ndarray:
+    """`values` as float32 `[n, d]` with L2-normalised rows (zero rows stay zero).
+
+    Raises:
+        ValueError: if it is not 2-D, has another row count than `n`, or holds NaN/inf.
+    """
+    array = np.asarray(values, dtype=np.float32)
+    if array.ndim != 2 or (n is not None and array.shape[0] != n):
+        raise ValueError(f"`{name}` must have shape [{'n_examples' if n is None else n}, dim], got {array.shape}.")
+    if not np.isfinite(array).all():
+        raise ValueError(f"`{name}` holds NaN or inf values.")
+    norms = np.linalg.norm(array, axis=1, keepdims=True)
+    return array / np.maximum(norms, np.finfo(np.float32).tiny)
+
+
+def neighbour_agreement(inputs: Any, features: Any, *, neighbors: int = SelectionSettings.noise_neighbors,
+                        seed: int = ClusterSelectConfig.selection_seed,
+                        reference_rows: int = REFERENCE_ROWS) -> np.ndarray:
+    """Every example's target agreement with its input neighbours (module docstring; Bahri et al., ICML 2020).
+
+    Args:
+        inputs (array-like of shape `[n_examples, r]`): input states `u` (`FeatureOutput.inputs`); a zero row is an
+            example without loss-bearing tokens: it is nobody's neighbour and its agreement is `inf` (never flagged;
+            such examples are deferred anyway).
+        features (array-like of shape `[n_examples, dim]`): learning-effect features `f` (any scale: rows are
+            L2-normalised here).
+        neighbors (`int`, *optional*, defaults to `SelectionSettings.noise_neighbors`): neighbours `k` per example,
+            >= 1 (fewer when fewer other examples have an input state).
+        seed (`int`, *optional*, defaults to `ClusterSelectConfig.selection_seed`): seed of the reference sample when
+            there are more than `reference_rows` examples.
+        reference_rows (`int`, *optional*, defaults to `REFERENCE_ROWS`): neighbours are searched among all examples
+            up to this many, else among a seeded uniform sample of this many (cost: `n · reference_rows · r`
+            multiply-adds).
+    Returns:
+        `np.ndarray` of shape `[n_examples]`, float64: mean cosine of `f_i` with its neighbours' `f_j`, in [-1, 1]
+        (`inf` for a zero input row or when no other example has an input state).
+    Raises:
+        ValueError: for misshapen or non-finite inputs, or `neighbors` / `reference_rows` < 1.
+        TypeError: if `neighbors` or `reference_rows` is not an int.
+    """
+    for name, value in (("neighbors", neighbors), ("reference_rows", reference_rows)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"`{name}` must be an int >= 1, got {value!r}.")
+        if value < 1:
+            raise ValueError(f"`{name}` must be an int >= 1, got {value}.")
+    u = _unit_rows(inputs, "inputs")
+    f = _unit_rows(features, "features", u.shape[0])
+    n = u.shape[0]
+    present = np.flatnonzero(np.abs(u).sum(axis=1) > 0)
+    reference = present
+    if reference.size > reference_rows:
+        reference = np.sort(np.random.default_rng(seed).choice(present, size=reference_rows, replace=False))
+    agreement = np.full(n, np.inf)
+    k = min(int(neighbors), reference.size - 1) if reference.size > 1 else 0
+    if k < 1:
+        return agreement
+    u_ref, f_ref = u[reference], f[reference]
+    slot = np.full(n, -1)
+    slot[reference] = np.arange(reference.size)
+    for start in range(0, present.size, CHUNK_ROWS):
+        rows = present[start:start + CHUNK_ROWS]
+        similarity = u[rows] @ u_ref.T  # [c, m]
+        own = slot[rows]
+        has_own = own >= 0
+        similarity[np.flatnonzero(has_own), own[has_own]] = -np.inf  # an example is not its own neighbour
+        nearest = np.argpartition(-similarity, k - 1, axis=1)[:, :k]  # [c, k] positions in the reference
+        agreement[rows] = np.einsum("cd,ckd->c", f[rows], f_ref[nearest]) / k
+    return agreement
+
+
+def suspected_noise(agreement: Any, share: float, clusters: Any = None) -> np.ndarray:
+    """The `share · m` examples (rounded half up) of lowest `agreement` in every cluster of `m` examples (in the whole
+    pool when `clusters` is None), ties to the lower index, as a bool mask `[n]`.
+
+    Flagging per cluster keeps every cluster's share of what stays: on 20 Newsgroups with 40% relabelled training
+    labels it kept the clusters' budget shares (TV distance 0.006–0.009 against 0.07–0.08 flagging over the whole
+    pool) and won 5 of 6 paired seed-fraction cells against it (`benchmarks/README.md`, the noise filter).
+
+    Args:
+        agreement (array-like of shape `[n_examples]`): `neighbour_agreement`'s output (`inf` is never flagged).
+        share (`float`): fraction 0–1 of the examples to flag, in [0, 1).
+        clusters (array-like of shape `[n_examples]`, *optional*): cluster labels (any ints; HDBSCAN's noise label
+            -1 is one more group); None flags over the whole pool.
+    Returns:
+        `np.ndarray` of shape `[n_examples]`, bool.
+    Raises:
+        ValueError: if `share` is outside [0, 1), `agreement` is not 1-D or `clusters` has another shape.
+    """
+    if isinstance(share, bool) or not isinstance(share, (int, float, np.floating)) or not 0.0 <= share < 1.0:
+        raise ValueError(f"`share` must be a fraction in [0, 1), got {share!r}.")
+    agreement = np.asarray(agreement, dtype=np.float64)
+    if agreement.ndim != 1:
+        raise ValueError(f"`agreement` must have shape [n_examples], got {agreement.shape}.")
+    mask = np.zeros(agreement.size, dtype=bool)
+    if clusters is None:
+        groups = [np.arange(agreement.size)]
+    else:
+        clusters = np.asarray(clusters)
+        if clusters.shape != agreement.shape:
+            raise ValueError(f"`clusters` must have shape {agreement.shape} like `agreement`, got {clusters.shape}.")
+        groups = [np.flatnonzero(clusters == c) for c in np.unique(clusters)]
+    for members in groups:
+        values = agreement[members]
+        count = min(math.floor(round(float(share) * members.size, 6) + 0.5), int(np.isfinite(values).sum()))
+        order = np.lexsort((members, values))  # lowest agreement first, then the lower index
+        mask[members[order[:count]]] = True
+    return mask

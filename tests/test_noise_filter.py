@@ -1,0 +1,187 @@
+"""The noise filter (`selection/noise_filter.py`, `SelectionSettings.noise_share`): k-NN agreement values, the flagged
+rows, the input states of the feature pass it reads, and where selection and the config take it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_features import HIDDEN, causal_lm, classification_data, collate, make_examples  # noqa: F401
+from test_feature_signals import classifier  # noqa: F401
+
+from hf_cluster_select import ClusterSelectConfig
+from hf_cluster_select._types import ClusteringResult
+from hf_cluster_select.features import badge_features, hidden_mean_features
+from hf_cluster_select.selection import select_subset
+from hf_cluster_select.selection.noise_filter import neighbour_agreement, suspected_noise
+
+
+def _two_topics(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Inputs: rows 0-9 near e0, rows 10-19 near e1 (small jitter); features: e0 for rows 0-9, e1 for rows 10-19,
+    except row 3 (input of topic 0, feature of topic 1) and row 15 (the reverse): the two mislabelled rows."""
+    rng = np.random.default_rng(seed)
+    inputs = np.zeros((20, 4))
+    inputs[:10, 0], inputs[10:, 1] = 1.0, 1.0
+    inputs += 0.01 * rng.standard_normal(inputs.shape)
+    features = np.zeros((20, 3))
+    features[:10, 0], features[10:, 1] = 2.0, 2.0  # any scale: rows are normalised
+    features[3], features[15] = [0, 5.0, 0], [1.0, 0, 0]
+    return inputs, features
+
+
+def test_agreement_values_and_flagged_rows():
+    inputs, features = _two_topics()
+    agreement = neighbour_agreement(inputs, features, neighbors=3)
+    # the mislabelled rows' 3 neighbours are clean rows of their input's topic, whose features are orthogonal
+    assert agreement[3] == pytest.approx(0.0, abs=1e-6) and agreement[15] == pytest.approx(0.0, abs=1e-6)
+    clean = np.setdiff1d(np.arange(20), [3, 15])
+    assert agreement[clean].min() >= 2 / 3 - 1e-6  # at most one mislabelled neighbour among 3
+    assert suspected_noise(agreement, 0.1).nonzero()[0].tolist() == [3, 15]
+    assert suspected_noise(agreement, 0.0).sum() == 0
+
+
+def test_agreement_excludes_the_example_itself_and_zero_inputs():
+    features = np.array([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]])
+    inputs = np.array([[1.0, 0.0], [1.0, 0.1], [0.0, 0.0]])  # row 2 has no loss-bearing token
+    agreement = neighbour_agreement(inputs, features, neighbors=1)
+    assert agreement[:2] == pytest.approx([0.6, 0.6])  # each other's neighbour, not their own (1.0)
+    assert np.isinf(agreement[2])
+    assert suspected_noise(agreement, 0.9).tolist() == [True, True, False]  # inf is never flagged
+    assert np.isinf(neighbour_agreement(inputs[:1], features[:1])).all()  # nobody to compare with
+
+
+def test_reference_sample_is_seeded_and_bounded():
+    inputs, features = _two_topics()
+    a = neighbour_agreement(inputs, features, neighbors=2, reference_rows=6, seed=1)
+    b = neighbour_agreement(inputs, features, neighbors=2, reference_rows=6, seed=1)
+    np.testing.assert_array_equal(a, b)
+    assert np.isfinite(a).all() and (np.abs(a) <= 1 + 1e-6).all()
+
+
+def test_ties_go_to_the_lower_index_and_the_count_is_rounded():
+    agreement = np.array([0.5, 0.1, 0.1, 0.9, 0.1])
+    assert suspected_noise(agreement, 0.3).nonzero()[0].tolist() == [1, 2]  # 1.5 rounds up to 2: rows 1, 2 before 4
+    assert suspected_noise(agreement, 0.5).nonzero()[0].tolist() == [1, 2, 4]
+
+
+def test_flagging_per_cluster_takes_each_clusters_share():
+    """Cluster 7 holds the three lowest agreements, yet each cluster gives up only its own rounded share."""
+    agreement = np.array([0.1, 0.9, 0.2, 0.8, 0.3, 0.7, 0.6, 0.5])
+    clusters = np.array([7, -1, 7, -1, 7, -1, -1, -1])
+    assert suspected_noise(agreement, 0.4).nonzero()[0].tolist() == [0, 2, 4]  # 3.2 rows: the pool's lowest three
+    # cluster 7: 0.4 * 3 = 1.2 -> row 0; cluster -1 (HDBSCAN noise, one more group): 0.4 * 5 = 2 -> rows 7, 6
+    assert suspected_noise(agreement, 0.4, clusters=clusters).nonzero()[0].tolist() == [0, 6, 7]
+    with pytest.raises(ValueError, match="clusters"):
+        suspected_noise(agreement, 0.4, clusters=clusters[:5])
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"neighbors": 0}, ValueError, "neighbors"),
+    ({"neighbors": 2.0}, TypeError, "neighbors"),
+    ({"reference_rows": 0}, ValueError, "reference_rows"),
+])
+def test_bad_arguments_are_named(kwargs, error, match):
+    inputs, features = _two_topics()
+    with pytest.raises(error, match=match):
+        neighbour_agreement(inputs, features, **kwargs)
+
+
+def test_bad_arrays_and_shares_are_named():
+    inputs, features = _two_topics()
+    with pytest.raises(ValueError, match="features"):
+        neighbour_agreement(inputs, features[:5])
+    bad = inputs.copy()
+    bad[0, 0] = np.nan
+    with pytest.raises(ValueError, match="inputs"):
+        neighbour_agreement(bad, features)
+    for share in (1.0, -0.1, True):
+        with pytest.raises(ValueError, match="share"):
+            suspected_noise(np.zeros(4), share)
+
+
+def test_feature_pass_input_states_of_a_classifier_are_its_pooled_output(classifier):  # noqa: F811
+    data = classification_data()
+    out = badge_features(classifier, data, list(range(len(data))), collate, show_progress=False, input_states=True)
+    plain = badge_features(classifier, data, list(range(len(data))), collate, show_progress=False)
+    assert plain.inputs is None
+    torch.testing.assert_close(out.features, plain.features)  # the option adds, it changes nothing
+    assert out.inputs.shape == (len(data), HIDDEN)
+    for i, x in enumerate(data):
+        with torch.no_grad():
+            pooled = classifier.bert(input_ids=torch.tensor([x["input_ids"]])).pooler_output[0]
+        torch.testing.assert_close(out.inputs[i], pooled, atol=1e-5, rtol=0)
+
+
+def test_feature_pass_input_states_of_a_causal_lm_are_the_last_prompt_token(causal_lm):  # noqa: F811
+    data = make_examples()  # 2 prompt tokens: the first loss token is predicted at position 1
+    data.append({"input_ids": [5, 6, 7], "labels": [-100, -100, -100]})  # no loss-bearing token: a zero row
+    out = hidden_mean_features(causal_lm, data, list(range(len(data))), collate, show_progress=False,
+                               input_states=True, batch_size=2)
+    for i, x in enumerate(data[:-1]):
+        with torch.no_grad():
+            hidden = causal_lm.model(input_ids=torch.tensor([x["input_ids"]])).last_hidden_state[0, 1]
+        torch.testing.assert_close(out.inputs[i], hidden, atol=1e-5, rtol=0)
+    assert out.inputs[-1].abs().sum() == 0
+
+
+def test_select_subset_defers_suspected_rows():
+    labels = np.repeat(np.arange(4), 10)  # 4 clusters of 10
+    reduced = np.random.default_rng(0).standard_normal((40, 3))
+    result = ClusteringResult(labels=labels, raw_labels=labels, reduced=reduced, n_clusters=4, method="fine_kmeans")
+    suspected = np.zeros(40, dtype=bool)
+    suspected[[0, 1, 2, 3, 4, 10, 11, 12, 13, 14]] = True
+    config = ClusterSelectConfig(data_fraction=0.5, within_cluster="central")
+    chosen = select_subset(result, config, suspected=suspected)
+    assert chosen.indices.size == 20 and not suspected[chosen.indices].any()
+    # clusters 0 and 1 have 5 candidates each, 2 and 3 have 10: the budget of 20 is split in proportion to them
+    assert np.bincount(chosen.labels, minlength=4).tolist() == [3, 3, 7, 7]
+    tight = select_subset(result, ClusterSelectConfig(data_fraction=0.9, within_cluster="central"),
+                          suspected=suspected)
+    assert tight.indices.size == 36 and suspected[tight.indices].sum() == 6  # the budget needs 6 of them
+
+
+def test_config_refuses_sharded_and_target_with_the_filter():
+    with pytest.raises(ValueError, match="noise_share"):
+        ClusterSelectConfig(strategy_kwargs={"noise_share": 0.2, "sharded": True})
+    with pytest.raises(ValueError, match="noise_share"):
+        ClusterSelectConfig(target="eval", strategy_kwargs={"noise_share": 0.2})
+    with pytest.raises(ValueError, match="noise_share"):
+        ClusterSelectConfig(strategy_kwargs={"noise_share": 1.0})
+    with pytest.raises(ValueError, match="noise_neighbors"):
+        ClusterSelectConfig(strategy_kwargs={"noise_neighbors": 0})
+
+
+def test_the_trainer_defers_the_flagged_rows_and_reports_them(tmp_path, tiny_lm, lm_dataset, collator, monkeypatch):
+    """End to end on the tiny LM: the rows the filter flags (recorded from the pipeline) are not kept, the report
+    and the model card count them, and the cache is bypassed (the input states are not stored)."""
+    import json
+
+    from transformers import TrainingArguments
+
+    from hf_cluster_select import ClusterTrainer, pipeline
+
+    flagged = []
+
+    def recording(agreement, share, clusters):
+        mask = suspected_noise(agreement, share, clusters=clusters)
+        flagged.append((mask, np.asarray(clusters)))
+        return mask
+
+    monkeypatch.setattr(pipeline, "suspected_noise", recording)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_train_epochs=1,
+                             learning_rate=1e-3, warmup_steps=2, save_strategy="no", report_to=[], use_cpu=True,
+                             seed=0, disable_tqdm=True)
+    config = ClusterSelectConfig(data_fraction=0.5, strategy_kwargs={"noise_share": 0.25, "noise_neighbors": 3})
+    trainer = ClusterTrainer(model=tiny_lm, args=args, train_dataset=lm_dataset, data_collator=collator,
+                             cluster_config=config)
+    trainer.train()
+    n = len(lm_dataset)
+    ((mask, clusters),) = flagged
+    assert clusters.shape == (n,)  # flagged per cluster: every cluster gives up its own rounded quarter
+    sizes = np.unique(clusters, return_counts=True)[1]
+    assert mask.sum() == sum(int(np.floor(0.25 * m + 0.5)) for m in sizes)
+    kept = trainer.selection.indices
+    assert kept.size == int(np.floor(0.5 * n + 0.5)) and not mask[kept].any()
+    report = json.loads((tmp_path / "out" / "selection_report.json").read_text())
+    assert report["n_suspected_noise"] == int(mask.sum()) and report["features_from_cache"] is False
+    assert "Suspected noise" in (tmp_path / "out" / "README.md").read_text()
