@@ -158,9 +158,9 @@ class SelectionSettings:
             (the copies' mass is dropped and the weights rescaled to sum to n, as SemDeDup drops them); `"auto"` =
             `"one"` where `near_duplicate_threshold="auto"` turns the token check on, else `"group"`.
         noise_share (`float`, defaults to `0.0`): fraction 0–1 of the pool, in [0, 1), to treat as suspected label or
-            reply noise: the examples whose target agrees least with those of their input neighbours
-            (`selection/noise_filter.py`, Deep k-NN, Bahri et al., ICML 2020) are deferred, kept only when the
-            budget needs them. 0 = off. Set it near the pool's noise rate when known. Not with a target set or
+            reply noise: in every cluster, that share of its examples whose target agrees least with those of their
+            input neighbours (`selection/noise_filter.py`, Deep k-NN, Bahri et al., ICML 2020) is deferred, kept
+            only when the budget needs them. 0 = off. Set it near the pool's noise rate when known. Not with a target set or
             sharded selection; its feature pass bypasses the feature cache. Measured in `benchmarks/README.md`
             ("Noisy and redundant pools").
         noise_neighbors (`int`, defaults to `10`): neighbours per example of the noise filter, >= 1.
@@ -182,8 +182,8 @@ class SelectionSettings:
                 "'one' where near_duplicate_threshold='auto' turns the token check on, else 'group'.",
         "choices": ["auto", "group", "one"]})
     noise_share: float = field(default=0.0, metadata={
-        "help": "Fraction in [0, 1) of the pool to defer as suspected label/reply noise: the examples whose target "
-                "agrees least with their input neighbours' (k-NN agreement); 0 = off."})
+        "help": "Fraction in [0, 1) of every cluster to defer as suspected label/reply noise: the examples whose "
+                "target agrees least with their input neighbours' (k-NN agreement); 0 = off."})
     noise_neighbors: int = field(default=10, metadata={
         "help": "Neighbours per example of the noise filter (noise_share), >= 1."})
 
