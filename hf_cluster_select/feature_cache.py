@@ -52,7 +52,7 @@ logger = logging.getLogger(__name__)
 CACHE_ENV = "HF_CLUSTER_SELECT_CACHE"
 FEATURE_FIELDS = ("feature", "feature_context", "projection_dim", "feature_layers", "selection_seed")
 SAMPLED_VALUES = 4096  # raw values hashed per parameter, evenly strided, besides its sum and sum of squares
-ARRAYS = ("features", "loss_tokens", "norms", "losses")
+ARRAYS = ("features", "loss_tokens", "norms", "losses", "inputs")
 # keys that differ between copies of one model (`architectures` is set by save_pretrained; the class is compared),
 # or that training code flips at run time (dtype: in the weights digest)
 UNSTABLE_CONFIG_KEYS = ("_name_or_path", "transformers_version", "_commit_hash", "use_cache", "dtype", "torch_dtype",
@@ -216,7 +216,8 @@ def array_record(array: np.ndarray) -> dict:
 def check_arrays(arrays: dict[str, np.ndarray], n_examples: int | None = None) -> str | None:
     """What is wrong with a set of cache arrays, or `None`: `features` float `[n_examples, dim]` (one row per example
     of the identity's data when `n_examples` is given), `loss_tokens` `[n_examples]` integer >= 0 with one > 0,
-    `norms` / `losses` `[n_examples]` when present."""
+    `norms` / `losses` `[n_examples]` and `inputs` float `[n_examples, r]` (the noise filter's input states) when
+    present."""
     if "features" not in arrays or "loss_tokens" not in arrays:
         return "features or loss_tokens is missing"
     features, loss_tokens = arrays["features"], arrays["loss_tokens"]
@@ -228,6 +229,10 @@ def check_arrays(arrays: dict[str, np.ndarray], n_examples: int | None = None) -
     wrong = [name for name in ("loss_tokens", "norms", "losses") if name in arrays and arrays[name].shape != (n,)]
     if wrong:
         return f"{wrong[0]} has shape {list(arrays[wrong[0]].shape)}, not [{n}]"
+    inputs = arrays.get("inputs")
+    if inputs is not None and (inputs.ndim != 2 or inputs.shape[0] != n
+                               or not np.issubdtype(inputs.dtype, np.floating)):
+        return f"inputs is {inputs.dtype} of shape {list(inputs.shape)}, not float [{n}, r]"
     if not np.issubdtype(loss_tokens.dtype, np.integer) or (loss_tokens < 0).any():
         return f"loss_tokens is not a count >= 0 ({loss_tokens.dtype}, negative values: {(loss_tokens < 0).any()})"
     return None if (loss_tokens > 0).any() else "loss_tokens counts no loss-bearing token"
@@ -253,7 +258,8 @@ class FeatureCache:
 
     def load(self, identity: dict) -> dict[str, np.ndarray] | None:
         """The cached arrays (`features` `[n_examples, dim]` memory-mapped copy-on-write, `loss_tokens`, and `norms` /
-        `losses` when stored, `[n_examples]`), checked; `None` on a miss or a bad entry (logged once and removed)."""
+        `losses` `[n_examples]` and `inputs` `[n_examples, r]` when stored), checked; `None` on a miss or a bad entry
+        (logged once and removed)."""
         self.remove_stale_staging()
         folder = self.path(identity)
         if not os.path.isdir(folder):

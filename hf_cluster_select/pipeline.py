@@ -131,20 +131,14 @@ def select_with_model(
         return _select_sharded_with_model(model, dataset, collator, config=config, facts=facts, lengths=lengths,
                                           clock=clock, batch_size=batch_size, show_progress=show_progress)
     clock.start("features")
-    inputs = None
-    if config.selection_settings.noise_share > 0:  # the input states are not cached: the pass runs every time
-        features, loss_tokens, norms, losses, inputs = gathered_feature_pass(
-            model, dataset, collator, config=config, facts=facts, lengths=lengths, batch_size=batch_size,
-            show_progress=show_progress, input_states=True)
-        from_cache = False
-    else:
-        features, loss_tokens, norms, losses, from_cache = cached_or_computed_features(
-            model, dataset, collator, config=config, facts=facts, lengths=lengths, batch_size=batch_size,
-            show_progress=show_progress, cache=cache, identity=identity)
+    features, loss_tokens, norms, losses, inputs, from_cache = cached_or_computed_features(
+        model, dataset, collator, config=config, facts=facts, lengths=lengths, batch_size=batch_size,
+        show_progress=show_progress, cache=cache, identity=identity,
+        input_states=config.selection_settings.noise_share > 0)
     check_loss_tokens(loss_tokens)
     target_features = None
     if target is not None:
-        target_features, target_tokens, _, _, target_from_cache = cached_or_computed_features(
+        target_features, target_tokens, _, _, _, target_from_cache = cached_or_computed_features(
             model, target.dataset, collator, config=config, facts=facts, lengths=target.lengths,
             batch_size=batch_size, show_progress=False, cache=cache, identity=target_identity)
     clock.stop("features")
@@ -280,34 +274,38 @@ def _select_for_target(result: ClusteringResult, features: Any, target: TargetSe
 
 def cached_or_computed_features(model, dataset, collator, *, config: ClusterSelectConfig, facts: RunFacts,
                                 lengths: Sequence[int], batch_size: int, show_progress: bool,
-                                cache: FeatureCache | None, identity: dict | None) -> tuple:
-    """`(features [n, dim] on rank 0 (None elsewhere), loss_tokens [n], norms, losses, from_cache)`:
+                                cache: FeatureCache | None, identity: dict | None, input_states: bool = False) -> tuple:
+    """`(features [n, dim] on rank 0 (None elsewhere), loss_tokens [n], norms, losses, inputs, from_cache)`:
     from the cache when rank 0 finds `identity` there, else from the feature pass (`facts.feature` after
     `facts.feature_layers` blocks) on every rank's shard, stored in the cache by rank 0 (a failed store is logged,
     never raised). `losses` are the pass's own, also after a truncated pass (the head after the first blocks; the
     caller keeps them from the loss-based rules); an entry stored without them by an older version is a miss when
-    `order="easy_to_hard"` needs them."""
+    `order="easy_to_hard"` needs them. `inputs` `[n, r]` (rank 0) are the noise filter's input states when
+    `input_states` (an entry stored without them is then a miss, computed again with them), else None."""
     n = len(lengths)
     use_cache = cache is not None and identity is not None
     cached = cache.load(identity) if use_cache and distributed.rank() == 0 else None
     if (cached is not None and cached.get("losses") is None and facts.feature_layers is not None
             and config.order == "easy_to_hard"):
         cached = None  # computed again, with the truncated pass's losses, and stored over the old entry
+    if cached is not None and input_states and cached.get("inputs") is None:
+        cached = None  # computed again, with the input states, and stored over the old entry
     if distributed.broadcast_object(cached is not None):  # every rank takes the same branch
         small = distributed.broadcast_object({k: cached.get(k) for k in ("loss_tokens", "norms", "losses")}
                                              if cached is not None else None)
         return (cached["features"] if cached is not None else None, np.asarray(small["loss_tokens"]),
-                small["norms"], small["losses"], True)
-    features, loss_tokens, norms, losses, _ = gathered_feature_pass(
+                small["norms"], small["losses"], cached.get("inputs") if input_states and cached is not None else None,
+                True)
+    features, loss_tokens, norms, losses, inputs = gathered_feature_pass(
         model, dataset, collator, config=config, facts=facts, lengths=lengths, batch_size=batch_size,
-        show_progress=show_progress)
+        show_progress=show_progress, input_states=input_states)
     if use_cache and distributed.rank() == 0 and bool((loss_tokens > 0).any()):
         try:
             cache.save(identity, {"features": features, "loss_tokens": loss_tokens, "norms": norms,
-                                  "losses": losses})
+                                  "losses": losses, "inputs": inputs})
         except OSError as error:  # a full or read-only disk costs the cache, never the run
             logger.warning("could not store the features in the cache %s: %s", cache.directory, error)
-    return features, loss_tokens, norms, losses, False
+    return features, loss_tokens, norms, losses, inputs, False
 
 
 def gathered_feature_pass(model, dataset, collator, *, config: ClusterSelectConfig, facts: RunFacts,

@@ -160,9 +160,10 @@ class SelectionSettings:
         noise_share (`float`, defaults to `0.0`): fraction 0–1 of the pool, in [0, 1), to treat as suspected label or
             reply noise: in every cluster, that share of its examples whose target agrees least with those of their
             input neighbours (`selection/noise_filter.py`, Deep k-NN, Bahri et al., ICML 2020) is deferred, kept
-            only when the budget needs them. 0 = off. Set it near the pool's noise rate when known. Not with a target set or
-            sharded selection; its feature pass bypasses the feature cache. Measured in `benchmarks/README.md`
-            ("Noisy and redundant pools").
+            only when the budget needs them. 0 = off. Set it near the pool's noise rate when known. Not with a target
+            set or sharded selection. The feature pass also keeps each example's input state (`[n_examples, 256]`
+            at most, stored in the feature cache with the features). Measured in `benchmarks/README.md` ("Noisy
+            and redundant pools").
         noise_neighbors (`int`, defaults to `10`): neighbours per example of the noise filter, >= 1.
     Raises:
         ValueError: for an unknown quota or duplicate weight, a threshold outside (0, 1], a `noise_share` outside

@@ -147,9 +147,9 @@ def test_config_field_is_checked():
 
 
 # ---- entries that check themselves (issue 20) ------------------------------------------------------------------
-def _pass(model, dataset, collator, tokenizer, cache, order="shuffled"):
+def _pass(model, dataset, collator, tokenizer, cache, order="shuffled", inputs=None):
     """One run of the pipeline's feature step (`cached_or_computed_features`) on the tiny LM: `(features,
-    loss_tokens, from_cache, identity)`."""
+    loss_tokens, from_cache, identity)`; with a list `inputs`, the input states are asked for and appended to it."""
     from hf_cluster_select.pipeline import cached_or_computed_features
 
     config = ClusterSelectConfig(data_fraction=0.5, selection_warmup_steps=0, order=order)
@@ -157,9 +157,13 @@ def _pass(model, dataset, collator, tokenizer, cache, order="shuffled"):
     lengths = [len(x["input_ids"]) for x in dataset]
     identity = feature_identity(model, config, facts, data_fingerprint=data_fingerprint(lengths, "t"),
                                 collator=collator, tokenizer=tokenizer, probe=dataset)
-    features, loss_tokens, _, _, from_cache = cached_or_computed_features(
+    features, loss_tokens, _, _, states, from_cache = cached_or_computed_features(
         model, dataset, collator, config=config, facts=facts, lengths=lengths, batch_size=8, show_progress=False,
-        cache=cache, identity=identity)
+        cache=cache, identity=identity, input_states=inputs is not None)
+    if inputs is not None:
+        inputs.append(states)
+    else:
+        assert states is None
     return np.asarray(features), loss_tokens, from_cache, identity
 
 
@@ -233,6 +237,23 @@ def test_an_entry_without_the_truncated_pass_losses_is_computed_again_for_the_cu
     np.testing.assert_array_equal(again, fresh)
     np.testing.assert_array_equal(np.load(os.path.join(cache.path(identity), "losses.npy")), arrays["losses"])
     assert _pass(tiny_lm, lm_dataset, collator, tokenizer, cache, order="easy_to_hard")[2] is True and calls == [1, 1]
+
+
+def test_the_noise_filters_input_states_are_cached_with_the_features(tmp_path, tiny_lm, lm_dataset, collator,
+                                                                     tokenizer, monkeypatch):
+    """An entry stored without input states (`noise_share=0`) is a miss for the noise filter: computed once more with
+    them and stored over; then both kinds of run hit it, and the filter gets the stored states back."""
+    calls = _counting_feature(monkeypatch)
+    cache = FeatureCache(str(tmp_path))
+    fresh, _, _, identity = _pass(tiny_lm, lm_dataset, collator, tokenizer, cache)
+    assert calls == [1] and "inputs" not in cache.load(identity)
+    states = []
+    again, _, from_cache, _ = _pass(tiny_lm, lm_dataset, collator, tokenizer, cache, inputs=states)
+    assert (from_cache, calls) == (False, [1, 1]) and states[0].shape[0] == len(lm_dataset)
+    np.testing.assert_array_equal(again, fresh)
+    assert _pass(tiny_lm, lm_dataset, collator, tokenizer, cache, inputs=states)[2] is True and calls == [1, 1]
+    np.testing.assert_array_equal(states[1], states[0])
+    assert _pass(tiny_lm, lm_dataset, collator, tokenizer, cache)[2] is True and calls == [1, 1]
 
 
 def test_load_removes_a_bad_entry_with_one_warning(tmp_path, caplog):

@@ -55,11 +55,11 @@ def test_default_features_are_hidden_mean_of_the_truncated_model(tokenizer, lm_d
     default, hidden = ClusterSelectConfig(), ClusterSelectConfig(feature="hidden_mean")
     facts = resolve_run_facts(model, default, shift_labels=True)
     assert (facts.feature, facts.feature_layers, facts.feature_used) == ("hidden_mean", 2, "hidden_mean after 2 blocks")
-    features, loss_tokens, norms, losses, from_cache = cached_or_computed_features(
+    features, loss_tokens, norms, losses, _, from_cache = cached_or_computed_features(
         model, lm_dataset, collator, config=default, facts=facts, lengths=lengths, batch_size=4,
         show_progress=False, cache=None, identity=None)
     assert not from_cache and features.shape[0] == n and loss_tokens.shape == (n,) and norms.shape == (n,)
-    _, _, _, full_losses, _ = cached_or_computed_features(
+    _, _, _, full_losses, _, _ = cached_or_computed_features(
         model, lm_dataset, collator, config=hidden, facts=resolve_run_facts(model, hidden, shift_labels=True),
         lengths=lengths, batch_size=4, show_progress=False, cache=None, identity=None)
     assert full_losses.shape == (n,) and np.isfinite(full_losses).all() and (full_losses > 0).all()
@@ -92,9 +92,9 @@ def test_a_truncated_pass_gives_the_order_its_loss_but_not_the_rules(tokenizer, 
     outcome = pipeline.select_with_model(model, dataset, collator, config=config, facts=facts, lengths=lengths,
                                          clock=PhaseClock(), batch_size=8, show_progress=False)
     assert given == [None] and outcome.losses is None
-    _, _, _, losses, _ = cached_or_computed_features(model, dataset, collator, config=config, facts=facts,
-                                                     lengths=lengths, batch_size=8, show_progress=False, cache=None,
-                                                     identity=None)
+    _, _, _, losses, _, _ = cached_or_computed_features(model, dataset, collator, config=config, facts=facts,
+                                                        lengths=lengths, batch_size=8, show_progress=False, cache=None,
+                                                        identity=None)
     assert outcome.difficulty.shape == (16,)
     np.testing.assert_allclose(outcome.difficulty, losses[outcome.selection.indices], rtol=1e-6)
 

@@ -154,6 +154,7 @@ def test_config_refuses_sharded_and_target_with_the_filter():
 def test_the_trainer_defers_the_flagged_rows_and_reports_them(tmp_path, tiny_lm, lm_dataset, collator, monkeypatch):
     """End to end on the tiny LM: the rows the filter flags (recorded from the pipeline) are not kept, the report
     and the model card count them, and the cache is bypassed (the input states are not stored)."""
+    import copy
     import json
 
     from transformers import TrainingArguments
@@ -172,11 +173,12 @@ def test_the_trainer_defers_the_flagged_rows_and_reports_them(tmp_path, tiny_lm,
                              learning_rate=1e-3, warmup_steps=2, save_strategy="no", report_to=[], use_cpu=True,
                              seed=0, disable_tqdm=True)
     config = ClusterSelectConfig(data_fraction=0.5, strategy_kwargs={"noise_share": 0.25, "noise_neighbors": 3})
+    untrained = copy.deepcopy(tiny_lm)
     trainer = ClusterTrainer(model=tiny_lm, args=args, train_dataset=lm_dataset, data_collator=collator,
                              cluster_config=config)
     trainer.train()
     n = len(lm_dataset)
-    ((mask, clusters),) = flagged
+    (mask, clusters) = flagged[0]
     assert clusters.shape == (n,)  # flagged per cluster: every cluster gives up its own rounded quarter
     sizes = np.unique(clusters, return_counts=True)[1]
     assert mask.sum() == sum(int(np.floor(0.25 * m + 0.5)) for m in sizes)
@@ -185,3 +187,11 @@ def test_the_trainer_defers_the_flagged_rows_and_reports_them(tmp_path, tiny_lm,
     report = json.loads((tmp_path / "out" / "selection_report.json").read_text())
     assert report["n_suspected_noise"] == int(mask.sum()) and report["features_from_cache"] is False
     assert "Suspected noise" in (tmp_path / "out" / "README.md").read_text()
+    args.output_dir = str(tmp_path / "again")
+    again = ClusterTrainer(model=untrained, args=args, train_dataset=lm_dataset, data_collator=collator,
+                           cluster_config=config)
+    again.train()
+    report = json.loads((tmp_path / "again" / "selection_report.json").read_text())
+    assert report["features_from_cache"] is True and len(flagged) == 2
+    np.testing.assert_array_equal(flagged[1][0], mask)
+    np.testing.assert_array_equal(again.selection.indices, kept)

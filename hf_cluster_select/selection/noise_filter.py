@@ -25,7 +25,7 @@ from ..config import ClusterSelectConfig
 from ..settings import SelectionSettings
 
 REFERENCE_ROWS = 8192  # neighbours are searched among at most this many rows (a seeded sample above it)
-CHUNK_ROWS = 1024  # rows whose similarities are held at once: [CHUNK_ROWS, reference] floats
+CHUNK_VALUES = 1 << 24  # floats per chunk of rows: similarities [c, reference] plus neighbours' features [c, k, dim]
 
 
 def _unit_rows(values: Any, name: str, n: int | None = None) -> np.ndarray:
@@ -87,8 +87,9 @@ def neighbour_agreement(inputs: Any, features: Any, *, neighbors: int = Selectio
     u_ref, f_ref = u[reference], f[reference]
     slot = np.full(n, -1)
     slot[reference] = np.arange(reference.size)
-    for start in range(0, present.size, CHUNK_ROWS):
-        rows = present[start:start + CHUNK_ROWS]
+    chunk = max(1, CHUNK_VALUES // (reference.size + k * f.shape[1]))
+    for start in range(0, present.size, chunk):
+        rows = present[start:start + chunk]
         similarity = u[rows] @ u_ref.T  # [c, m]
         own = slot[rows]
         has_own = own >= 0
