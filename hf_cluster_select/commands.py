@@ -79,6 +79,7 @@ def _metavar(field: dataclasses.Field) -> str:
 
 
 TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
+NUMBERS_OR_AUTO = ("near_duplicate_threshold", "noise_share")  # numeric settings whose default is "auto"
 
 
 def _parse_value(name: str, text: Any, default: Any) -> Any:
@@ -95,7 +96,7 @@ def _parse_value(name: str, text: Any, default: Any) -> Any:
             raise ValueError(f"`--{name.replace('_', '-')}` must be true or false (yes/no, 1/0{also}), got {text!r}.")
         return text.lower() in TRUE
     if name in ("selection_warmup_steps", "strategy_kwargs", "stratify_column") or \
-            (isinstance(default, str) and not (default == AUTO and name == "near_duplicate_threshold")):
+            (isinstance(default, str) and not (default == AUTO and name in NUMBERS_OR_AUTO)):
         return None if name == "stratify_column" and text == "None" else text
     if text.strip().lower() in ("none", "null"):
         return None

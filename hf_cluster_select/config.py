@@ -198,7 +198,8 @@ class ClusterSelectConfig:
                    "stratify_column": self.stratify_column, "target": self.target,
                    "near_duplicate_threshold": (None if self.selection_settings.near_duplicate_threshold == AUTO
                                                 else self.selection_settings.near_duplicate_threshold),
-                   "noise_share": self.selection_settings.noise_share}
+                   "noise_share": (0.0 if self.selection_settings.noise_share == AUTO
+                                   else self.selection_settings.noise_share)}
         supported = {"cluster_method": "fine_kmeans", "budget_unit": "examples", "noise_share": 0.0}
         return [f"{name}={value!r}" for name, value in current.items() if value != supported.get(name)]
 
@@ -255,7 +256,7 @@ class ClusterSelectConfig:
         """
         values: dict[str, Any] = dict(feature="last_layer_grad", selection_warmup_steps=0, cluster_method="kmeans",
                                       within_cluster="peripheral", allocation="paper", kmeans_size_cap=1.5,
-                                      pca_dim=None, quota="uniform", balance_tokens=False)
+                                      pca_dim=None, quota="uniform", balance_tokens=False, noise_share=0.0)
         extra = overrides.pop("strategy_kwargs", None)
         values.update(_kwargs_dict(extra))
         values.update(overrides)
@@ -385,7 +386,7 @@ def check_target_combination(config: "ClusterSelectConfig") -> None:
     if config.stratify_column is not None:
         raise ValueError(f"a target set replaces `stratify_column` ({config.stratify_column!r}): the budget goes to "
                          "the target tasks (`target_column`), not to the pool's strata. Drop one of them.")
-    if config.selection_settings.noise_share > 0:
+    if config.selection_settings.noise_share != AUTO and config.selection_settings.noise_share > 0:
         raise ValueError(f"a target set chooses by the target, not from the pool's candidates: `noise_share`="
                          f"{config.selection_settings.noise_share} is not used with one. Drop one of them.")
     if config.data_fraction >= 1.0:

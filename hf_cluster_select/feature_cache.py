@@ -65,8 +65,7 @@ CHUNK_BYTES = 1 << 26  # arrays are checked in 64-MiB chunks (bounded extra memo
 
 def default_cache_dir() -> str:
     """`$HF_CLUSTER_SELECT_CACHE`, else `~/.cache/hf_cluster_select/features`."""
-    return os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "hf_cluster_select",
-                                                     "features")
+    return os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache/hf_cluster_select/features")
 
 
 def _sha1(value: Any) -> str:
@@ -108,9 +107,8 @@ def weights_digest(model: torch.nn.Module) -> str | None:
             for chunk in flat.split(1 << 22):  # float64 in chunks of 4M values: bounded extra memory on the device
                 chunk = chunk.double()
                 total += torch.stack([chunk.sum(), (chunk * chunk).sum()])
-            sums = total.cpu().numpy()
             digest.update(f"{name}|{tuple(parameter.shape)}|{parameter.dtype}".encode())
-            digest.update(sums.tobytes())
+            digest.update(total.cpu().numpy().tobytes())
             digest.update(sample.view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
@@ -216,23 +214,20 @@ def array_record(array: np.ndarray) -> dict:
 def check_arrays(arrays: dict[str, np.ndarray], n_examples: int | None = None) -> str | None:
     """What is wrong with a set of cache arrays, or `None`: `features` float `[n_examples, dim]` (one row per example
     of the identity's data when `n_examples` is given), `loss_tokens` `[n_examples]` integer >= 0 with one > 0,
-    `norms` / `losses` `[n_examples]` and `inputs` float `[n_examples, r]` (the noise filter's input states) when
-    present."""
+    when present `norms` / `losses` `[n_examples]` and `inputs` float `[n_examples, r]` (noise filter)."""
     if "features" not in arrays or "loss_tokens" not in arrays:
         return "features or loss_tokens is missing"
     features, loss_tokens = arrays["features"], arrays["loss_tokens"]
-    if features.ndim != 2 or not np.issubdtype(features.dtype, np.floating):
-        return f"features is {features.dtype} of shape {list(features.shape)}, not float [n_examples, dim]"
-    n = features.shape[0]
+    n = features.shape[0] if features.ndim else -1
+    for name in ("features", "inputs"):
+        if name in arrays and (arrays[name].ndim != 2 or not np.issubdtype(arrays[name].dtype, np.floating)
+                               or arrays[name].shape[0] != n):
+            return f"{name} is {arrays[name].dtype} of shape {list(arrays[name].shape)}, not float [n_examples, dim]"
     if n_examples is not None and n != n_examples:
         return f"features has {n} rows for {n_examples} examples"
     wrong = [name for name in ("loss_tokens", "norms", "losses") if name in arrays and arrays[name].shape != (n,)]
     if wrong:
         return f"{wrong[0]} has shape {list(arrays[wrong[0]].shape)}, not [{n}]"
-    inputs = arrays.get("inputs")
-    if inputs is not None and (inputs.ndim != 2 or inputs.shape[0] != n
-                               or not np.issubdtype(inputs.dtype, np.floating)):
-        return f"inputs is {inputs.dtype} of shape {list(inputs.shape)}, not float [{n}, r]"
     if not np.issubdtype(loss_tokens.dtype, np.integer) or (loss_tokens < 0).any():
         return f"loss_tokens is not a count >= 0 ({loss_tokens.dtype}, negative values: {(loss_tokens < 0).any()})"
     return None if (loss_tokens > 0).any() else "loss_tokens counts no loss-bearing token"
@@ -257,9 +252,8 @@ class FeatureCache:
         return os.path.join(self.directory, self.key(identity))
 
     def load(self, identity: dict) -> dict[str, np.ndarray] | None:
-        """The cached arrays (`features` `[n_examples, dim]` memory-mapped copy-on-write, `loss_tokens`, and `norms` /
-        `losses` `[n_examples]` and `inputs` `[n_examples, r]` when stored), checked; `None` on a miss or a bad entry
-        (logged once and removed)."""
+        """The cached arrays (`features` `[n_examples, dim]` memory-mapped copy-on-write, `loss_tokens`, and `norms`,
+        `losses`, `inputs` when stored), checked; `None` on a miss or a bad entry (logged once and removed)."""
         self.remove_stale_staging()
         folder = self.path(identity)
         if not os.path.isdir(folder):

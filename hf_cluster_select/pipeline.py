@@ -28,9 +28,9 @@ from .reporting.feature_map import feature_map_points
 from .selection import (WITHIN_CLUSTER_RULES, cluster_features, relevance_scores, select_subset, select_targeted,
                         target_self_relevance)
 from .selection.near_duplicates import near_duplicate_groups, union_groups
-from .selection.noise_filter import neighbour_agreement, suspected_noise
+from .selection.noise_filter import with_noise_filter
 from .selection.sharded import select_sharded
-from .settings import resolve_duplicates
+from .settings import resolve_duplicates, resolve_noise_share
 from .validation import check_loss_tokens
 
 logger = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ def select_with_model(
     """
     if config.data_fraction >= 1.0 and not merge_unclusterable:
         return keep_everything(len(lengths), clock)
-    config = with_duplicates_resolved(config, model)
+    config = with_auto_resolved(config, model, facts.feature)
     if getattr(config.cluster_settings, "sharded", False):
         return _select_sharded_with_model(model, dataset, collator, config=config, facts=facts, lengths=lengths,
                                           clock=clock, batch_size=batch_size, show_progress=show_progress)
@@ -134,7 +134,7 @@ def select_with_model(
     features, loss_tokens, norms, losses, inputs, from_cache = cached_or_computed_features(
         model, dataset, collator, config=config, facts=facts, lengths=lengths, batch_size=batch_size,
         show_progress=show_progress, cache=cache, identity=identity,
-        input_states=config.selection_settings.noise_share > 0)
+        input_states=config.selection_settings.noise_share > 0 and target is None)
     check_loss_tokens(loss_tokens)
     target_features = None
     if target is not None:
@@ -155,12 +155,13 @@ def select_with_model(
     if distributed.rank() == 0:
         result = cluster_features(np.asarray(features), config, world_size=distributed.world_size(),
                                   loss_tokens=loss_tokens, merge_unclusterable=merge_unclusterable)
-        result = with_duplicate_settings(result, config)
+        result = with_resolved_settings(result, config)
         if token_groups is not None:
             result = with_near_duplicates(result, token_groups)
         target_summary = None
         if target is None:
-            result, suspected = with_noise_filter(result, inputs, features, config)
+            result, suspected = with_noise_filter(result, inputs, features, config.selection_settings,
+                                                  config.selection_seed)
             chosen = select_subset(result, config, norms=norms, losses=rule_losses, strata=facts.strata,
                                    lengths=lengths, suspected=suspected)
         else:
@@ -177,34 +178,49 @@ def select_with_model(
                             target_summary, difficulty)
 
 
-def with_duplicates_resolved(config: ClusterSelectConfig, model: torch.nn.Module) -> ClusterSelectConfig:
-    """`config` with `near_duplicate_threshold` and `duplicate_weight` set to what `"auto"` means for `model`
-    (`settings.resolve_duplicates`: the token check at 0.7 with `duplicate_weight="one"` for a classification head,
-    off for a language model and for sharded selection); values the user gave are kept."""
+def with_auto_resolved(config: ClusterSelectConfig, model: torch.nn.Module, feature: str) -> ClusterSelectConfig:
+    """`config` with the settings `resolved_auto_settings` resolves set to what `"auto"` means for `model` and its
+    resolved `feature`; values the user gave are kept."""
     return dataclasses.replace(config, strategy_kwargs={**(config.strategy_kwargs or {}),
-                                                        **resolved_duplicates(config, model)})
+                                                        **resolved_auto_settings(config, model, feature)})
 
 
-def resolved_duplicates(config: ClusterSelectConfig, model: torch.nn.Module) -> dict:
-    """`{"near_duplicate_threshold": ..., "duplicate_weight": ...}` of `config` for `model`, `"auto"` resolved
-    (`settings.resolve_duplicates`; a model without an output head, a user feature, gets no automatic check)."""
+def resolved_auto_settings(config: ClusterSelectConfig, model: torch.nn.Module, feature: str) -> dict:
+    """`{"near_duplicate_threshold", "duplicate_weight", "noise_share"}` of `config` for `model` and its resolved
+    `feature` (`RunFacts.feature`), `"auto"` resolved: the token check at 0.7 with `duplicate_weight="one"` for a
+    classification head, off for a language model, a model without an output head (a user feature) and sharded
+    selection (`settings.resolve_duplicates`); the noise filter at `AUTO_NOISE_SHARE` for a classification head
+    unless the selection is sharded, `target="eval"` or the feature gives no input states (a user feature), off for
+    a language model (`settings.resolve_noise_share`; with a trainer's `target_dataset` it resolves as without one,
+    and the targeted path does not run it).
+
+    Raises:
+        ValueError: for `noise_share` > 0 given explicitly with a feature that gives no input states.
+    """
     try:
         token_level = resolve_head(model)[1]
     except TypeError:
         token_level = True
     sharded = bool(getattr(config.cluster_settings, "sharded", False))
     threshold, weight = resolve_duplicates(config.selection_settings, token_level=token_level, token_check=not sharded)
-    return {"near_duplicate_threshold": threshold, "duplicate_weight": weight}
+    with_states = feature in FEATURES.names() and getattr(FEATURES.get(feature), "input_states", False)
+    share = resolve_noise_share(config.selection_settings, available=with_states and not token_level
+                                and not sharded and config.target is None)
+    if share > 0 and not with_states:
+        raise ValueError(f"`noise_share`={share} needs each example's input state, which feature={feature!r} does "
+                         "not give (a user feature); use a built-in feature, or noise_share=0.")
+    return {"near_duplicate_threshold": threshold, "duplicate_weight": weight, "noise_share": share}
 
 
-def with_duplicate_settings(result: ClusteringResult, config: ClusterSelectConfig) -> ClusteringResult:
-    """`result` with `params["near_duplicate_threshold"]` and `params["duplicate_weight"]`: what `"auto"` resolved
-    to (`with_duplicates_resolved`), for the report, the model card and a resumed run's comparison
+def with_resolved_settings(result: ClusteringResult, config: ClusterSelectConfig) -> ClusteringResult:
+    """`result` with `params["near_duplicate_threshold"]`, `params["duplicate_weight"]` and `params["noise_share"]`:
+    what `"auto"` resolved to (`with_auto_resolved`), for the report, the model card and a resumed run's comparison
     (`saved_selection.config_differences`)."""
     settings = config.selection_settings
     return dataclasses.replace(result, params={**result.params,
                                                "near_duplicate_threshold": settings.near_duplicate_threshold,
-                                               "duplicate_weight": settings.duplicate_weight})
+                                               "duplicate_weight": settings.duplicate_weight,
+                                               "noise_share": settings.noise_share})
 
 
 def _token_groups(dataset: Any, config: ClusterSelectConfig, clock: PhaseClock) -> np.ndarray | None:
@@ -220,19 +236,6 @@ def _token_groups(dataset: Any, config: ClusterSelectConfig, clock: PhaseClock) 
         groups = near_duplicate_groups(token_rows(dataset), threshold, seed=config.selection_seed)[0]
     clock.stop("near_duplicates")
     return groups
-
-
-def with_noise_filter(result: ClusteringResult, inputs: Any, features: Any,
-                      config: ClusterSelectConfig) -> tuple[ClusteringResult, np.ndarray | None]:
-    """`(result with params["n_suspected_noise"], suspected [n] bool)` when `inputs` (input states `[n, r]`) are
-    given: in every cluster, its `noise_share` of lowest k-NN agreement (`selection/noise_filter.py`), so the
-    clusters keep their shares of the budget; else `(result, None)`."""
-    if inputs is None:
-        return result, None
-    settings = config.selection_settings
-    agreement = neighbour_agreement(inputs, features, neighbors=settings.noise_neighbors, seed=config.selection_seed)
-    suspected = suspected_noise(agreement, settings.noise_share, result.labels)
-    return dataclasses.replace(result, params={**result.params, "n_suspected_noise": int(suspected.sum())}), suspected
 
 
 def with_near_duplicates(result: ClusteringResult, token_groups: Any) -> ClusteringResult:
@@ -318,9 +321,6 @@ def gathered_feature_pass(model, dataset, collator, *, config: ClusterSelectConf
     n = len(lengths)
     local, output = _feature_pass(model, dataset, collator, config=config, facts=facts, lengths=lengths,
                                   batch_size=batch_size, show_progress=show_progress, input_states=input_states)
-    if input_states and output.inputs is None:
-        raise ValueError(f"`noise_share` needs the input states of the feature pass; feature={facts.feature!r} "
-                         "gives none (a custom signal?). Use a built-in feature or noise_share=0.")
     features, inputs = (None if v is None else distributed.gather_rows(v, local, n, dst=0)
                         for v in (output.features, output.inputs))  # only rank 0 clusters: None elsewhere
     loss_tokens = distributed.gather_rows(output.loss_tokens.reshape(-1, 1), local, n).reshape(-1).numpy()
@@ -366,7 +366,7 @@ def _select_sharded_with_model(model, dataset, collator, *, config: ClusterSelec
     chosen, result = select_sharded(output.features, local, n, config, loss_tokens=output.loss_tokens,
                                     norms=output.norms, losses=None if truncated else output.losses,
                                     return_clustering=True)
-    result = with_duplicate_settings(result, config)
+    result = with_resolved_settings(result, config)
     feature_map = None
     if distributed.rank() == 0:
         feature_map = feature_map_points(output.features, config.selection_seed)

@@ -33,7 +33,7 @@ from .feature_cache import FeatureCache, feature_identity
 from .features.choice import describe_feature, feature_autocast, feature_used, forward_in_bf16
 from .persistence import data_fingerprint, save_selection
 from .saved_selection import SavedSelection, check_saved_against
-from .pipeline import resolved_duplicates, select_with_model
+from .pipeline import resolved_auto_settings, select_with_model
 from .reporting.report import SelectionReport
 from .schedule import StepPlan, plan_steps, resolve_warmup_steps, warn_if_subset_unseen
 from .selection.budget import selection_budget
@@ -64,7 +64,7 @@ def resolve_run_facts(model: torch.nn.Module, config: ClusterSelectConfig, *, sh
                     feature_used=describe_feature(feature, layers, forward_in_bf16(model, autocast)),
                     loss_weighted=bool(weighted), strata=None if strata is None else tuple(strata),
                     token_digest=token_digest, model_config=model_config, n_dropped_by_preparation=n_dropped_by_preparation,
-                    duplicates=resolved_duplicates(config, model))
+                    duplicates=resolved_auto_settings(config, model, feature))
 
 
 class SelectionRun:

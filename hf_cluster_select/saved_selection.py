@@ -25,9 +25,9 @@ NOT_SELECTION_FIELDS = frozenset({"balance_tokens", "balance_window", "feature_b
                                   "reset_optimizer_state"})
 
 
-# Settings whose "auto" is resolved per model when the selection runs (`pipeline.resolved_duplicates`); the report's
+# Settings whose "auto" is resolved per model when the selection runs (`pipeline.resolved_auto_settings`); the report's
 # `clustering_params` records the values.
-RESOLVED_PER_MODEL = ("near_duplicate_threshold", "duplicate_weight")
+RESOLVED_PER_MODEL = ("near_duplicate_threshold", "duplicate_weight", "noise_share")
 
 
 def _resolved(values: dict) -> dict:
@@ -45,8 +45,8 @@ def config_differences(saved: dict, current: dict, ignore: tuple[str, ...] = (),
                        current_resolved: dict | None = None) -> list[str]:
     """`field: saved in the checkpoint, current now` for every selection-relevant `ClusterSelectConfig` field or
     strategy setting (`ClusterSelectConfig.resolved()`) that differs (fields missing on one side, from another
-    version, and the fields in `ignore` are skipped). `near_duplicate_threshold` and `duplicate_weight` are compared
-    as their `"auto"` resolved: the saved run's as its report recorded them (`saved_resolved`, its
+    version, and the fields in `ignore` are skipped). The settings resolved per model (`RESOLVED_PER_MODEL`) are
+    compared as their `"auto"` resolved: the saved run's as its report recorded them (`saved_resolved`, its
     `clustering_params`), the current run's for its model (`current_resolved`, `RunFacts.duplicates`); as given
     when either is unknown (a checkpoint of an older version)."""
     saved, current = _resolved(saved), _resolved(current)
@@ -190,7 +190,7 @@ def validate_saved_selection(saved: SavedSelection, path: str | None = None, n_e
 
 def _check_recorded_duplicates(params: Any, fail) -> None:
     """`extra.report.clustering_params`, which a resumed run compares and the model card reads: a dict, and its
-    recorded `near_duplicate_threshold` / `duplicate_weight` values a run could have resolved to."""
+    recorded `RESOLVED_PER_MODEL` values (near-duplicate settings, `noise_share`) a run could have resolved to."""
     if params is None:
         return
     if not isinstance(params, dict):
@@ -199,9 +199,11 @@ def _check_recorded_duplicates(params: Any, fail) -> None:
     try:
         settings = SelectionSettings(**recorded)
     except (ValueError, TypeError) as error:
-        fail("extra.report.clustering_params", f"must record valid near-duplicate settings; {str(error).rstrip('.')}")
+        fail("extra.report.clustering_params", f"must record valid near-duplicate and noise settings; "
+                                               f"{str(error).rstrip('.')}")
     if any(getattr(settings, key) == AUTO for key in recorded):
-        fail("extra.report.clustering_params", "must record the near-duplicate settings as resolved, not 'auto'")
+        fail("extra.report.clustering_params", "must record the near-duplicate and noise settings as resolved, "
+                                               "not 'auto'")
 
 
 def check_saved_against(saved: SavedSelection, *, n_examples: int, fingerprint: str, config: ClusterSelectConfig,
@@ -217,7 +219,7 @@ def check_saved_against(saved: SavedSelection, *, n_examples: int, fingerprint: 
         config (`ClusterSelectConfig`): this run's selection settings.
         target_fingerprint (`str`, *optional*): fingerprint of this run's target set (`None`: none).
         model_config (`dict`, *optional*): `feature_cache.model_config_dict` of this run's model.
-        duplicates (`dict`, *optional*): this run's near-duplicate settings resolved for its model
+        duplicates (`dict`, *optional*): this run's near-duplicate and noise settings resolved for its model
             (`RunFacts.duplicates`), compared with what the saved run recorded (`config_differences`).
         ignore (`tuple[str, ...]`, *optional*): config fields that may differ.
         check_model (`bool`, *optional*, defaults to `True`): also compare the target set and the model.

@@ -232,12 +232,12 @@ def test_encoder_decoder_sequence_classification_heads_are_recognised(name):
     `h` is the pooled EOS state after dense → tanh), row for row what autograd gives on each example alone; it
     counts as a classification head (feature "auto" → BADGE, the near-duplicate check on)."""
     from hf_cluster_select.features.head_tokens import resolve_head
-    from hf_cluster_select.pipeline import with_duplicates_resolved
+    from hf_cluster_select.pipeline import with_auto_resolved
 
     torch.manual_seed(0)
     model = _encoder_decoder_classifier(name)
     assert resolve_head(model) == (model.classification_head.out_proj, False)
-    settings = with_duplicates_resolved(ClusterSelectConfig(), model).selection_settings
+    settings = with_auto_resolved(ClusterSelectConfig(), model, "badge").selection_settings
     assert (settings.near_duplicate_threshold, settings.duplicate_weight) == (0.7, "one")
     data = [{"input_ids": [t % (VOCAB - 3) + 3 for t in x["input_ids"]] + [2], "labels": x["labels"]}
             for x in classification_data()]  # one EOS at the end of each example, none elsewhere

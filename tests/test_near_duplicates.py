@@ -203,15 +203,16 @@ def test_auto_per_model_class(head, expected):
     and a head the feature pass recognises."""
     import transformers
 
-    from hf_cluster_select.pipeline import with_duplicates_resolved
+    from hf_cluster_select.pipeline import with_auto_resolved
 
     tiny = transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
                                    vocab_size=50)
-    settings = with_duplicates_resolved(ClusterSelectConfig(), getattr(transformers, head)(tiny)).selection_settings
+    settings = with_auto_resolved(ClusterSelectConfig(), getattr(transformers, head)(tiny), "badge").selection_settings
     assert (settings.near_duplicate_threshold, settings.duplicate_weight) == expected
+    assert settings.noise_share == (0.2 if expected[0] else 0.0)  # the noise filter: classification heads too
     sharded = ClusterSelectConfig(strategy_kwargs={"sharded": True})
-    assert with_duplicates_resolved(sharded, getattr(transformers, head)(tiny)).selection_settings \
-        .near_duplicate_threshold is None
+    settings = with_auto_resolved(sharded, getattr(transformers, head)(tiny), "badge").selection_settings
+    assert (settings.near_duplicate_threshold, settings.noise_share) == (None, 0.0)
 
 
 def test_auto_is_no_conflict_for_sharded_selection_but_a_threshold_is():
@@ -280,7 +281,7 @@ def test_the_trainer_keeps_one_row_per_near_copy_family(tmp_path, _tiny_lm_base,
     budget."""
     dataset, source = near_copy_dataset(tokenizer)
     trainer, report = train_on(tmp_path / "on", copy.deepcopy(_tiny_lm_base), dataset, collator,
-                               near_duplicate_threshold=0.7)
+                               near_duplicate_threshold=0.7, noise_share=0.0)  # the filter defers whole families
     kept = trainer.selection.indices
     assert kept.size == 36 and np.unique(source[kept]).size == 36  # no two kept rows are near copies
     assert report["n_near_duplicate_rows"] == 32 and report["near_duplicates_seconds"] > 0
@@ -312,7 +313,7 @@ def test_a_classification_head_runs_the_check_by_default(tmp_path, tokenizer):
         torch.manual_seed(0)
         model = LlamaForSequenceClassification(tiny_assets.llama_config(len(tokenizer), num_labels=3,
                                                                         pad_token_id=tokenizer.pad_token_id))
-        trainers[name], report = train_on(tmp_path / name, model, dataset, collator, **settings)
+        trainers[name], report = train_on(tmp_path / name, model, dataset, collator, noise_share=0.0, **settings)
         return trainers[name].selection, report
 
     auto, report = run("auto")

@@ -159,7 +159,8 @@ def test_the_trainer_defers_the_flagged_rows_and_reports_them(tmp_path, tiny_lm,
 
     from transformers import TrainingArguments
 
-    from hf_cluster_select import ClusterTrainer, pipeline
+    from hf_cluster_select import ClusterTrainer
+    from hf_cluster_select.selection import noise_filter
 
     flagged = []
 
@@ -168,7 +169,7 @@ def test_the_trainer_defers_the_flagged_rows_and_reports_them(tmp_path, tiny_lm,
         flagged.append((mask, np.asarray(clusters)))
         return mask
 
-    monkeypatch.setattr(pipeline, "suspected_noise", recording)
+    monkeypatch.setattr(noise_filter, "suspected_noise", recording)
     args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_train_epochs=1,
                              learning_rate=1e-3, warmup_steps=2, save_strategy="no", report_to=[], use_cpu=True,
                              seed=0, disable_tqdm=True)
@@ -195,3 +196,28 @@ def test_the_trainer_defers_the_flagged_rows_and_reports_them(tmp_path, tiny_lm,
     assert report["features_from_cache"] is True and len(flagged) == 2
     np.testing.assert_array_equal(flagged[1][0], mask)
     np.testing.assert_array_equal(again.selection.indices, kept)
+
+
+def test_auto_turns_the_filter_on_for_a_classification_head_and_off_for_a_language_model(tmp_path, tokenizer,
+                                                                                          _tiny_lm_base, collator):
+    """`noise_share="auto"` (the default): 0.2 of every cluster deferred for a classification head, recorded as
+    resolved and counted in the report; nothing for a language model (its recorded share is 0.0)."""
+    import copy
+
+    import tiny_assets
+    from test_near_duplicates import near_copy_dataset, train_on
+    from transformers import DataCollatorWithPadding, LlamaForSequenceClassification
+
+    dataset, source = near_copy_dataset(tokenizer)
+    lm_trainer, lm_report = train_on(tmp_path / "lm", copy.deepcopy(_tiny_lm_base), dataset, collator)
+    assert lm_report["clustering_params"]["noise_share"] == 0.0 and lm_report["n_suspected_noise"] is None
+    labelled = dataset.remove_columns("labels").add_column("labels", [int(s % 3) for s in source])
+    torch.manual_seed(0)
+    model = LlamaForSequenceClassification(tiny_assets.llama_config(len(tokenizer), num_labels=3,
+                                                                    pad_token_id=tokenizer.pad_token_id))
+    trainer, report = train_on(tmp_path / "cls", model, labelled, DataCollatorWithPadding(tokenizer))
+    assert report["clustering_params"]["noise_share"] == 0.2
+    # every cluster of m rows gives up floor(0.2 * m + 0.5) of them (none below m = 3)
+    expected = sum(int(np.floor(0.2 * m + 0.5)) for m in report["cluster_sizes"])
+    assert report["n_suspected_noise"] == expected > 0
+    assert trainer.selection.indices.size == 36

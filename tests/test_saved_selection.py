@@ -143,11 +143,11 @@ CASES = {  # case: (tamper, the error after "<path>: ")
     "clustering_params not a dict": (lambda a: {"meta": {"extra": _with_params(a, ["x"])}},
                                      "`extra.report.clustering_params` must be a dict; found list."),
     "recorded threshold bad": (lambda a: {"meta": {"extra": _with_params(a, {"near_duplicate_threshold": "banana"})}},
-                               "`extra.report.clustering_params` must record valid near-duplicate settings; "
+                               "`extra.report.clustering_params` must record valid near-duplicate and noise settings; "
                                "`near_duplicate_threshold` must be a float in (0, 1], None or 'auto', got 'banana'."),
     "recorded weight auto": (lambda a: {"meta": {"extra": _with_params(a, {"duplicate_weight": "auto"})}},
-                             "`extra.report.clustering_params` must record the near-duplicate settings as resolved, "
-                             "not 'auto'."),
+                             "`extra.report.clustering_params` must record the near-duplicate and noise settings as "
+                             "resolved, not 'auto'."),
 }
 
 

@@ -319,6 +319,7 @@ def signal_features(make_signal: Callable[[dict], Signal], doc: str,
 
     features.__doc__ = doc
     features.__name__ = features.__qualname__ = name
+    features.input_states = True  # takes `input_states=True` (the noise filter): `pipeline.resolved_auto_settings`
     return features
 
 

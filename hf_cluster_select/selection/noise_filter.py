@@ -16,11 +16,13 @@ they are kept only when the budget cannot be met without them (`select.select_fr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import numpy as np
 
+from .._types import ClusteringResult
 from ..config import ClusterSelectConfig
 from ..settings import SelectionSettings
 
@@ -136,3 +138,15 @@ def suspected_noise(agreement: Any, share: float, clusters: Any = None) -> np.nd
         order = np.lexsort((members, values))  # lowest agreement first, then the lower index
         mask[members[order[:count]]] = True
     return mask
+
+
+def with_noise_filter(result: ClusteringResult, inputs: Any, features: Any, settings: SelectionSettings,
+                      seed: int) -> tuple[ClusteringResult, np.ndarray | None]:
+    """`(result with params["n_suspected_noise"], suspected [n] bool)` when `inputs` (input states `[n, r]`) are
+    given: in every cluster of `result.labels`, its `settings.noise_share` of lowest `neighbour_agreement` of
+    `features` `[n, dim]` (`suspected_noise`); else `(result, None)`."""
+    if inputs is None:
+        return result, None
+    agreement = neighbour_agreement(inputs, features, neighbors=settings.noise_neighbors, seed=seed)
+    suspected = suspected_noise(agreement, settings.noise_share, result.labels)
+    return dataclasses.replace(result, params={**result.params, "n_suspected_noise": int(suspected.sum())}), suspected

@@ -383,21 +383,10 @@ def select_subset(result: ClusteringResult, config: ClusterSelectConfig, *, norm
         raise TypeError(f"`result` must be a ClusteringResult (cluster_features), got {type(result).__name__}.")
     if not isinstance(config, ClusterSelectConfig):
         raise TypeError(f"`config` must be a ClusterSelectConfig, got {type(config).__name__}.")
+    deferred = (np.asarray(result.raw_labels) == NO_LOSS_LABEL) | (False if suspected is None
+                                                                   else np.asarray(suspected, dtype=bool))
     return select_from_labels(
-        result.labels,
-        result.reduced,
-        data_fraction=config.data_fraction,
-        within_cluster=config.within_cluster,
-        quota=config.selection_settings.quota,
-        seed=config.selection_seed,
-        deferred=(np.asarray(result.raw_labels) == NO_LOSS_LABEL) | (False if suspected is None
-                                                                     else np.asarray(suspected, dtype=bool)),
-        norms=norms,
-        losses=losses,
-        groups=result.groups,
-        strata=strata,
-        lengths=lengths,
-        budget_unit=config.budget_unit,
-        duplicate_weight=config.selection_settings.duplicate_weight,
-        rule_settings=rule_settings_of(config),
-    )
+        result.labels, result.reduced, data_fraction=config.data_fraction, within_cluster=config.within_cluster,
+        quota=config.selection_settings.quota, seed=config.selection_seed, deferred=deferred, norms=norms,
+        losses=losses, groups=result.groups, strata=strata, lengths=lengths, budget_unit=config.budget_unit,
+        duplicate_weight=config.selection_settings.duplicate_weight, rule_settings=rule_settings_of(config))

@@ -76,7 +76,8 @@ def _config(scenario: str) -> ClusterSelectConfig:
     import worker
 
     spec = worker.SCENARIOS[scenario]
-    return (ClusterSelectConfig.paper if spec.get("paper") else ClusterSelectConfig)(**spec["config"])
+    spec_config = spec["config"]
+    return ClusterSelectConfig.paper(**spec_config) if spec.get("paper") else ClusterSelectConfig.from_flat(spec_config)
 
 
 def _trained(record: dict, epoch: int) -> list[list[int]]:
@@ -107,14 +108,14 @@ def test_features_are_sharded_and_selection_identical_on_every_rank(job, scenari
         for record in records:  # each rank computed its own strided shard, once
             assert record["feature_indices"] == [list(range(record["rank"], n, world))], scenario
             assert record["selection"] == records[0]["selection"], scenario  # bit-identical (JSON floats are exact)
-            # the feature matrix goes to rank 0 only: the other ranks never hold more than their shard's rows
-            (features,) = [call for call in record["gathered"] if call["dst"] == 0]
+            # the feature matrix (and with the noise filter its input states) go to rank 0 only: the other ranks
+            # never hold more than their shard's rows
+            to_rank0 = [call for call in record["gathered"] if call["dst"] == 0]
+            assert len(to_rank0) == (2 if scenario == "select0" else 1), scenario
             shard = len(range(record["rank"], n, world))
-            assert features["sent"][0] == shard, scenario
-            if record["rank"] == 0:
-                assert features["received"] == [n, features["sent"][1]], scenario
-            else:
-                assert features["received"] is None, scenario
+            for matrix in to_rank0:
+                assert matrix["sent"][0] == shard, scenario
+                assert matrix["received"] == ([n, matrix["sent"][1]] if record["rank"] == 0 else None), scenario
 
 
 def test_a_second_run_loads_the_features_on_every_rank(three):
@@ -160,6 +161,7 @@ def test_selection_matches_one_process_run(two, tmp_path, monkeypatch):
     np.testing.assert_allclose(computed["features"], gathered["features"], rtol=0, atol=1e-5)
     np.testing.assert_array_equal(computed["loss_tokens"], gathered["loss_tokens"])
     np.testing.assert_allclose(computed["norms"], gathered["norms"], rtol=1e-5)
+    np.testing.assert_allclose(computed["inputs"], gathered["inputs"], rtol=0, atol=1e-5)
     assert computed.keys() == gathered.keys()
     # its own selection may differ where the greedy medoid choice has a near-tie, by a member or two at most
     assert len(set(own.selection.indices.tolist()) & set(distributed_selection["indices"])) >= 34  # of 36
@@ -169,7 +171,10 @@ def test_selection_matches_one_process_run(two, tmp_path, monkeypatch):
         return FeatureOutput(features=torch.from_numpy(gathered["features"].copy()),
                              loss_tokens=torch.from_numpy(gathered["loss_tokens"].copy()), seconds=0.0,
                              norms=torch.from_numpy(gathered["norms"].copy()),
-                             losses=torch.from_numpy(gathered["losses"]) if "losses" in gathered else None)
+                             losses=torch.from_numpy(gathered["losses"]) if "losses" in gathered else None,
+                             inputs=torch.from_numpy(gathered["inputs"].copy()))  # select0 runs the noise filter
+
+    the_gathered_features.input_states = True  # as the built-in features: the noise filter runs on the replay too
 
     name, _ = resolve_feature(own.model, own.cluster_config.feature, own.cluster_config.feature_settings.feature_layers)
     monkeypatch.setitem(FEATURES._entries, name, the_gathered_features)

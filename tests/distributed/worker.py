@@ -7,7 +7,7 @@ Scenarios (run in the order given, in one process group, so the start-up cost is
   rank: the last step of each epoch has 2 micro-batches); checkpoint at step 4; token metrics logged every step.
 - `resume`: resumes `main` from its checkpoint-4 (mid-way through the 2nd subset epoch); selection must not run.
 - `main3`: like `main` without checkpoint, sized for 3 processes (54 of 90 kept, accumulation 2).
-- `select0`: selection before training (warm-up 0), 36 of 90 kept (the last micro-step holds 4 examples for 8
+- `select0`: selection before training (warm-up 0) with the noise filter (`noise_share=0.2`), 36 of 90 kept (the last micro-step holds 4 examples for 8
   slots), token metrics averaged over 2-step logging intervals.
 - `paper`: CluSTER's allocation (`ClusterSelectConfig.paper`, proportional quota) on 65 examples with uneven
   styles; one cluster per rank, per-rank loss weight K·|C_k|/N; checkpoint at step 3.
@@ -23,6 +23,7 @@ run in one process.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -52,7 +53,8 @@ GATHERED: list[dict] = []  # every distributed.gather_rows call: its dst, the ro
 
 
 def _recording(signal):
-    """`signal`, recording the dataset indices it computes features for."""
+    """`signal`, recording the dataset indices it computes features for (its `input_states` mark kept: `wraps`)."""
+    @functools.wraps(signal)
     def features(model, dataset, indices, *args, **kwargs):
         FEATURE_CALLS.append([int(i) for i in indices])
         return signal(model, dataset, indices, *args, **kwargs)
@@ -72,7 +74,7 @@ SCENARIOS = {
     ),
     "select0": dict(
         n=90,
-        config=dict(data_fraction=0.4, selection_warmup_steps=0),
+        config=dict(data_fraction=0.4, selection_warmup_steps=0, noise_share=0.2),
         args=dict(num_train_epochs=1, logging_steps=2),
     ),
     "paper": dict(
