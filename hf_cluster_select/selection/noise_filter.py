@@ -9,9 +9,11 @@ about `[y_i = y_j] · cos(h_i, h_j)`: the share of similar inputs with the same 
 are; for a language model's `hidden_mean`, how alike the replies to similar prompts are. A relabelled example or a
 reply swapped from another task has low agreement.
 
-`ClusterSelectConfig(strategy_kwargs={"noise_share": s})` defers, in every cluster, its share `s` of lowest agreement:
-they are kept only when the budget cannot be met without them (`select.select_from_labels`'s `deferred`). Measured in
-`benchmarks/README.md` ("Noisy and redundant pools", the noise filter).
+`ClusterSelectConfig(strategy_kwargs={"noise_share": s})` defers, in every cluster, its share `s` of lowest agreement
+(`with_noise_filter`): they are kept only when the budget cannot be met without them (`select.select_from_labels`'s
+`deferred`). The default `"auto"` is 0.2 for a classification head and off for a language model
+(`pipeline.resolved_auto_settings`). Measured in `benchmarks/README.md` ("Noisy and redundant pools", the noise
+filter) and `docs/configuration.md` ("Noisy labels and replies").
 """
 
 from __future__ import annotations
