@@ -270,7 +270,7 @@ def format_report(folder: str, examples: int = 3) -> str:
              f"{report['n_clusters']} clusters ({report['clustering_method']}; {report['n_noise']} noise points); "
              f"features {report.get('features_seconds') or 0:.1f} s, "
              f"clustering {report.get('clustering_seconds') or 0:.1f} s", *_stage_lines(report),
-             *_near_duplicate_lines(report),
+             *_near_duplicate_lines(report), *_noise_lines(report),
              *_token_lines(report),
              *_target_lines(report.get("target")), "",
              "| cluster | size | kept | weight | mean tokens | mean loss (nats) | examples |",
@@ -297,6 +297,15 @@ def _near_duplicate_lines(report: dict) -> list[str]:
     settings = duplicate_settings(report.get("clustering_params") or {})
     return [f"near duplicates: {report['n_near_duplicate_rows']} examples joined an earlier example's group "
             f"(token check, {settings}, {report.get('near_duplicates_seconds') or 0:.2f} s)"]
+
+
+def _noise_lines(report: dict) -> list[str]:
+    """With the noise filter run: how many examples it deferred, at which share."""
+    if report.get("n_suspected_noise") is None:
+        return []
+    share = (report.get("clustering_params") or {}).get("noise_share")
+    return [f"suspected noise: {report['n_suspected_noise']} examples deferred (noise_share={share} of each "
+            "cluster, lowest k-NN agreement)"]
 
 
 def _target_lines(target: dict | None) -> list[str]:

@@ -315,7 +315,9 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
     print(f"[3/4] kept {chosen.n_kept} of {len(examples)} examples in {result.n_clusters} clusters "
           f"(features {features_seconds:.1f} s, clustering and selection {clustering_seconds:.1f} s"
           + ("" if report.n_near_duplicate_rows is None else
-             f"; {report.n_near_duplicate_rows} near-duplicate examples joined an earlier one") + ")", flush=True)
+             f"; {report.n_near_duplicate_rows} near-duplicate examples joined an earlier one")
+          + ("" if report.n_suspected_noise is None else f"; {report.n_suspected_noise} deferred as suspected noise")
+          + ")", flush=True)
     print(f"[4/4] writing {args.output}", flush=True)
     os.makedirs(args.output, exist_ok=True)
     weights = np.zeros(len(examples))
@@ -336,7 +338,8 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
         json.dump(clusters, handle, indent=1)
     summary = {"n_examples": len(examples), "n_kept": chosen.n_kept, "n_clusters": result.n_clusters,
                "features_seconds": features_seconds, "clustering_seconds": clustering_seconds,
-               "n_near_duplicate_rows": report.n_near_duplicate_rows, "output": args.output}
+               "n_near_duplicate_rows": report.n_near_duplicate_rows, "n_suspected_noise": report.n_suspected_noise,
+               "output": args.output}
     if outcome.target:
         summary["kept_per_target_task"] = dict(zip(outcome.target["task_names"], outcome.target["kept_per_task"]))
     print(json.dumps(summary), flush=True)

@@ -155,7 +155,7 @@ def select_with_model(
     if distributed.rank() == 0:
         result = cluster_features(np.asarray(features), config, world_size=distributed.world_size(),
                                   loss_tokens=loss_tokens, merge_unclusterable=merge_unclusterable)
-        result = with_resolved_settings(result, config)
+        result = with_resolved_settings(result, config, targeted=target is not None)
         if token_groups is not None:
             result = with_near_duplicates(result, token_groups)
         target_summary = None
@@ -212,15 +212,16 @@ def resolved_auto_settings(config: ClusterSelectConfig, model: torch.nn.Module, 
     return {"near_duplicate_threshold": threshold, "duplicate_weight": weight, "noise_share": share}
 
 
-def with_resolved_settings(result: ClusteringResult, config: ClusterSelectConfig) -> ClusteringResult:
-    """`result` with `params["near_duplicate_threshold"]`, `params["duplicate_weight"]` and `params["noise_share"]`:
-    what `"auto"` resolved to (`with_auto_resolved`), for the report, the model card and a resumed run's comparison
-    (`saved_selection.config_differences`)."""
+def with_resolved_settings(result: ClusteringResult, config: ClusterSelectConfig,
+                           targeted: bool = False) -> ClusteringResult:
+    """`result` with `params["near_duplicate_threshold"]`, `params["duplicate_weight"]` and (unless `targeted`: the
+    filter does not run with a target set) `params["noise_share"]`: what `"auto"` resolved to (`with_auto_resolved`),
+    for the report, the model card and a resumed run's comparison (`saved_selection.config_differences`)."""
     settings = config.selection_settings
-    return dataclasses.replace(result, params={**result.params,
+    noise = {} if targeted else {"noise_share": settings.noise_share}
+    return dataclasses.replace(result, params={**result.params, **noise,
                                                "near_duplicate_threshold": settings.near_duplicate_threshold,
-                                               "duplicate_weight": settings.duplicate_weight,
-                                               "noise_share": settings.noise_share})
+                                               "duplicate_weight": settings.duplicate_weight})
 
 
 def _token_groups(dataset: Any, config: ClusterSelectConfig, clock: PhaseClock) -> np.ndarray | None:

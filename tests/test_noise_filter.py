@@ -221,3 +221,16 @@ def test_auto_turns_the_filter_on_for_a_classification_head_and_off_for_a_langua
     expected = sum(int(np.floor(0.2 * m + 0.5)) for m in report["cluster_sizes"])
     assert report["n_suspected_noise"] == expected > 0
     assert trainer.selection.indices.size == 36
+
+
+def test_the_recorded_share_is_what_ran():
+    """`clustering_params["noise_share"]` is recorded as resolved, and left out for a targeted run (the filter does
+    not run on the targeted path, whatever `"auto"` resolved to)."""
+    from hf_cluster_select.pipeline import with_resolved_settings
+
+    labels = np.zeros(6, dtype=np.int64)
+    result = ClusteringResult(labels=labels, raw_labels=labels, reduced=np.zeros((6, 2)), n_clusters=1,
+                              method="fine_kmeans")
+    config = ClusterSelectConfig(strategy_kwargs={"noise_share": 0.2})
+    assert with_resolved_settings(result, config).params["noise_share"] == 0.2
+    assert "noise_share" not in with_resolved_settings(result, config, targeted=True).params

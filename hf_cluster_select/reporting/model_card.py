@@ -215,9 +215,10 @@ def _summary_rows(r: Mapping[str, Any]) -> list[tuple[str, str, str]]:
             f"{_seconds(r.get('near_duplicates_seconds'))}", "examples whose tokens are near copies of an earlier "
             f"example's ({duplicate_settings(r.get('clustering_params') or {})}): one candidate per group")]
           if r.get("n_near_duplicate_rows") is not None else []),
-        *([("Suspected noise", _count(r["n_suspected_noise"]), "examples whose target agreed least with their input "
-            "neighbours' (noise_share): kept only if the budget needs them")] if r.get("n_suspected_noise") is not None
-          else []),
+        *([("Suspected noise", _count(r["n_suspected_noise"]), f"deferred: the noise_share="
+            f"{(r.get('clustering_params') or {}).get('noise_share')} of each cluster whose target agreed least with "
+            "its input neighbours' (a set share, not a noise estimate): kept only if the budget needs them")]
+          if r.get("n_suspected_noise") is not None else []),
         ("Clustering method", r.get("clustering_method") or NOT_MEASURED,
          f"fallback: {fallback}" if fallback else "no fallback: the clusterer's result was used as is"),
         ("Batch geometry", _geometry(r), "data-parallel ranks and per-step batch of the training run"),
