@@ -161,8 +161,9 @@ class SelectionSettings:
             as suspected label or reply noise: that share of its examples whose target agrees least with those of
             their input neighbours (`selection/noise_filter.py`, Deep k-NN, Bahri et al., ICML 2020) is deferred,
             kept only when the budget needs them. 0 = off. `"auto"` = `AUTO_NOISE_SHARE` (0.2) for a classification
-            head where the filter can run, else 0: off for a language model (`resolve_noise_share`). Set it near the pool's noise rate when known. A number > 0 is
-            refused with a target set or sharded selection (`"auto"` turns the filter off there). The feature pass also keeps each example's input state (`[n_examples, 256]`
+            head where the filter can run, else 0: off for a language model (`resolve_noise_share`). Set it near the
+            pool's noise rate when known. A number > 0 is refused with a target set or sharded selection (`"auto"`
+            turns the filter off there). The feature pass also keeps each example's input state (`[n_examples, 256]`
             at most, stored in the feature cache with the features). Measured in `benchmarks/README.md` ("Noisy
             and redundant pools").
         noise_neighbors (`int`, defaults to `10`): neighbours per example of the noise filter, >= 1.

@@ -323,7 +323,6 @@ def signal_features(make_signal: Callable[[dict], Signal], doc: str,
     return features
 
 
-
 class _InputStates:
     """`FeatureOutput.inputs` for `n` requested indices: the head input at every example's first loss-bearing token,
     projected to `INPUT_STATE_DIM` (seeded `RandomProjection`) when the head input is larger."""
@@ -344,6 +343,5 @@ class _InputStates:
                 self.values = torch.zeros(self.n, min(hidden.shape[1], INPUT_STATE_DIM), dtype=torch.float32)
         if self.projection is not None:
             hidden = self.projection(hidden).float()
-        batch = torch.zeros(len(positions), self.values.shape[1], dtype=torch.float32)
-        batch[tokens.rows[first].cpu()] = hidden.cpu()
-        self.values[torch.tensor(positions, dtype=torch.int64)] = batch
+        rows = torch.tensor(positions, dtype=torch.int64)[tokens.rows[first].cpu()]  # rows without one stay zero
+        self.values[rows] = hidden.cpu()

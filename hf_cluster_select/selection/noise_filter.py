@@ -4,8 +4,8 @@ The k-nearest-neighbour agreement of Deep k-NN for noisy labels (Bahri, Jiang & 
 feature pass's own outputs. Every example `i` has an input state `u_i` (`FeatureOutput.inputs`: the head input at
 its first loss-bearing token — the pooled token of a classification head, the last prompt token of a causal LM — so
 it has seen no target) and a learning-effect feature `f_i`. Its agreement is the mean cosine `cos(f_i, f_j)` over
-its `neighbors` nearest examples `j` by `cos(u_i, u_j)`. For BADGE, `f ≈ (p − onehot(y)) ⊗ h`, so `cos(f_i, f_j)` is
-about `[y_i = y_j] · cos(h_i, h_j)`: the share of similar inputs with the same label, weighted by how similar they
+its `neighbors` nearest examples `j` by `cos(u_i, u_j)`. For BADGE, `f ≈ (p − onehot(y)) ⊗ h`, so `cos(f_i, f_j)`
+is about `[y_i = y_j] · cos(h_i, h_j)`: the share of similar inputs with the same label, weighted by how similar they
 are; for a language model's `hidden_mean`, how alike the replies to similar prompts are. A relabelled example or a
 reply swapped from another task has low agreement.
 
