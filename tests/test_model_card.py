@@ -198,3 +198,17 @@ def test_no_local_base_model_in_any_saved_card(tmp_path, tokenizer, _tiny_lm_bas
         assert data.base_model is None and not any(str(t).startswith("base_model:") for t in data.tags or [])
     hub = "---\nbase_model: HuggingFaceTB/SmolLM2-135M\ntags:\n- base_model:adapter:HuggingFaceTB/SmolLM2-135M\n---\nx\n"
     assert without_local_base_model(hub) == hub  # Hub ids stay
+
+
+def test_suspected_noise_row_and_report_line_give_the_count_and_share():
+    """The noise filter's count and the share it deferred, in the card and in `hf-cluster-select report`'s lines; no
+    row or line when the filter did not run."""
+    from hf_cluster_select.commands import _noise_lines
+
+    report = make_report(n_suspected_noise=1538, clustering_params={"noise_share": 0.2})
+    section = selection_card_section(report)
+    assert "| Suspected noise | 1,538 | deferred: the noise_share=0.2 of each cluster" in section
+    assert _noise_lines(report.to_dict()) == [
+        "suspected noise: 1538 examples deferred (noise_share=0.2 of each cluster, lowest k-NN agreement)"]
+    off = make_report()
+    assert "Suspected noise" not in selection_card_section(off) and _noise_lines(off.to_dict()) == []
