@@ -26,7 +26,7 @@ import sys
 from typing import Any, Sequence
 
 from .config import ClusterSelectConfig, registered_settings
-from .reporting.model_card import duplicate_settings
+from .reporting.model_card import duplicate_settings, noise_settings
 from .settings import AUTO
 
 TEXT_PREVIEW = 120  # characters of each example shown by `report`
@@ -69,7 +69,7 @@ def _auto_type(field: dataclasses.Field) -> Any:
 
 
 def _metavar(field: dataclasses.Field) -> str:
-    if field.name == "balance_tokens":
+    if field.name in BOOLS_OR_AUTO:
         return "BOOL|auto"
     if field.metadata.get("choices"):
         return "|".join(field.metadata["choices"])
@@ -80,19 +80,20 @@ def _metavar(field: dataclasses.Field) -> str:
 
 TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 NUMBERS_OR_AUTO = ("near_duplicate_threshold", "noise_share")  # numeric settings whose default is "auto"
+BOOLS_OR_AUTO = ("balance_tokens", "reset_optimizer_state")  # bool settings that also take "auto"
 
 
 def _parse_value(name: str, text: Any, default: Any) -> Any:
     """Command-line text of field or setting `name` as its value: bool ones strictly (true/false, yes/no, 1/0,
-    on/off; `balance_tokens` also `auto`), `None` as None where the default is None or a number, text fields (and
+    on/off; `BOOLS_OR_AUTO` also `auto`), `None` as None where the default is None or a number, text fields (and
     the ones `ClusterSelectConfig` parses itself: `selection_warmup_steps`, `strategy_kwargs`) as given, numbers by type."""
     if not isinstance(text, str):
         return text
-    if name == "balance_tokens" and text.lower() == "auto":  # a bool setting that also takes "auto"
+    if name in BOOLS_OR_AUTO and text.lower() == "auto":
         return "auto"
-    if isinstance(default, bool) or name == "balance_tokens":
+    if isinstance(default, bool) or name in BOOLS_OR_AUTO:
         if text.lower() not in TRUE + FALSE:
-            also = ", or auto" if name == "balance_tokens" else ""
+            also = ", or auto" if name in BOOLS_OR_AUTO else ""
             raise ValueError(f"`--{name.replace('_', '-')}` must be true or false (yes/no, 1/0{also}), got {text!r}.")
         return text.lower() in TRUE
     if name in ("selection_warmup_steps", "strategy_kwargs", "stratify_column") or \
@@ -303,9 +304,8 @@ def _noise_lines(report: dict) -> list[str]:
     """With the noise filter run: how many examples it deferred, at which share."""
     if report.get("n_suspected_noise") is None:
         return []
-    share = (report.get("clustering_params") or {}).get("noise_share")
-    return [f"suspected noise: {report['n_suspected_noise']} examples deferred (noise_share={share} of each "
-            "cluster, lowest k-NN agreement)"]
+    return [f"suspected noise: {report['n_suspected_noise']} examples deferred "
+            f"({noise_settings(report.get('clustering_params') or {})} of each cluster, lowest k-NN agreement)"]
 
 
 def _target_lines(target: dict | None) -> list[str]:

@@ -30,7 +30,7 @@ from .selection import (WITHIN_CLUSTER_RULES, cluster_features, relevance_scores
 from .selection.near_duplicates import near_duplicate_groups, union_groups
 from .selection.noise_filter import with_noise_filter
 from .selection.sharded import select_sharded
-from .settings import resolve_duplicates, resolve_noise_share
+from .settings import AUTO, resolve_duplicates, resolve_noise_share
 from .validation import check_loss_tokens
 
 logger = logging.getLogger(__name__)
@@ -126,6 +126,7 @@ def select_with_model(
     """
     if config.data_fraction >= 1.0 and not merge_unclusterable:
         return keep_everything(len(lengths), clock)
+    estimate_noise = config.selection_settings.noise_share == AUTO  # "auto": the filter's share is estimated
     config = with_auto_resolved(config, model, facts.feature)
     if getattr(config.cluster_settings, "sharded", False):
         return _select_sharded_with_model(model, dataset, collator, config=config, facts=facts, lengths=lengths,
@@ -161,7 +162,7 @@ def select_with_model(
         target_summary = None
         if target is None:
             result, suspected = with_noise_filter(result, inputs, features, config.selection_settings,
-                                                  config.selection_seed)
+                                                  config.selection_seed, estimate=estimate_noise)
             chosen = select_subset(result, config, norms=norms, losses=rule_losses, strata=facts.strata,
                                    lengths=lengths, suspected=suspected)
         else:
@@ -189,8 +190,8 @@ def resolved_auto_settings(config: ClusterSelectConfig, model: torch.nn.Module, 
     """`{"near_duplicate_threshold", "duplicate_weight", "noise_share"}` of `config` for `model` and its resolved
     `feature` (`RunFacts.feature`), `"auto"` resolved: the token check at 0.7 with `duplicate_weight="one"` for a
     classification head, off for a language model, a model without an output head (a user feature) and sharded
-    selection (`settings.resolve_duplicates`); the noise filter at `AUTO_NOISE_SHARE` for a classification head
-    unless the selection is sharded, `target="eval"` or the feature gives no input states (a user feature), off for
+    selection (`settings.resolve_duplicates`); the noise filter at `AUTO_NOISE_SHARE` (the least share: the feature
+    pass's noise estimate can raise it, `with_noise_filter`) for a classification head unless the selection is sharded, `target="eval"` or the feature gives no input states (a user feature), off for
     a language model (`settings.resolve_noise_share`; with a trainer's `target_dataset` it resolves as without one,
     and the targeted path does not run it).
 

@@ -160,9 +160,11 @@ class SelectionSettings:
         noise_share (`float` or `"auto"`, defaults to `"auto"`): fraction 0–1, in [0, 1), of every cluster to treat
             as suspected label or reply noise: that share of its examples whose target agrees least with those of
             their input neighbours (`selection/noise_filter.py`, Deep k-NN, Bahri et al., ICML 2020) is deferred,
-            kept only when the budget needs them. 0 = off. `"auto"` = `AUTO_NOISE_SHARE` (0.2) for a classification
-            head where the filter can run, else 0: off for a language model (`resolve_noise_share`). Set it near the
-            pool's noise rate when known. A number > 0 is refused with a target set or sharded selection (`"auto"`
+            kept only when the budget needs them. 0 = off. `"auto"`, for a classification head where the filter can
+            run: the pool's estimated noise rate (`noise_filter.estimated_noise_rate`, the share of examples whose
+            feature points against their neighbours') clipped to [`AUTO_NOISE_SHARE` (0.2), 0.5]; else 0: off for
+            a language model (`resolve_noise_share`). A number is used as given: set it near the pool's noise rate
+            when known (a language model's replies). A number > 0 is refused with a target set or sharded selection (`"auto"`
             turns the filter off there). The feature pass also keeps each example's input state (`[n_examples, 256]`
             at most, stored in the feature cache with the features). Measured in `benchmarks/README.md` ("Noisy
             and redundant pools").
@@ -186,8 +188,9 @@ class SelectionSettings:
         "choices": ["auto", "group", "one"]})
     noise_share: float | str = field(default="auto", metadata={
         "help": "Fraction in [0, 1) of every cluster to defer as suspected label/reply noise: the examples whose "
-                "target agrees least with their input neighbours' (k-NN agreement); 0 = off; 'auto' = 0.2 for "
-                "a classification head, 0 for a language model, a target set, sharded selection or a user feature."})
+                "target agrees least with their input neighbours' (k-NN agreement); 0 = off; 'auto' = the "
+                "estimated noise rate, within [0.2, 0.5], for a classification head; 0 for a language model, a "
+                "target set, sharded selection or a user feature."})
     noise_neighbors: int = field(default=10, metadata={
         "help": "Neighbours per example of the noise filter (noise_share), >= 1."})
 
@@ -218,16 +221,18 @@ class AllocationSettings:
             20 Newsgroups they were 1–20 points lower (7 of 12 seeds). A checkpoint resumes with the batches of
             the current setting: set `True` to resume a one-process run started before `"auto"` with its batches.
         balance_window (`int`, defaults to `16`): look-ahead in micro-steps of the token balancing.
-        reset_optimizer_state (`bool`, defaults to `False`): clear the optimizer's per-parameter state (Adam's
-            moment estimates and step count) when training on the kept subset starts, after the warm-up; the
+        reset_optimizer_state (`bool` or `"auto"`, defaults to `"auto"`): clear the optimizer's per-parameter state
+            (Adam's moment estimates and step count) when training on the kept subset starts, after the warm-up; the
             weights and the LR schedule carry on, and Adam restarts its bias correction. The warm-up's moments come
             from the full pool, label noise included; LESS (Xia et al., arXiv 2402.04333) likewise does not carry
-            its warm-up's training into the training on the selected data. Measured in `benchmarks/README.md`
-            ("Noisy and redundant pools"). Not with DeepSpeed, whose engine owns the optimizer state (a warning;
-            nothing is cleared).
+            its warm-up's training into the training on the selected data. `"auto"` clears it when the noise filter
+            estimated the pool noisy (`noise_rate_estimate` >= `NOISY_POOL_RATE`, 0.3; `resolve_reset_optimizer_state`),
+            so only with a classification head and `noise_share="auto"`. Measured in `benchmarks/README.md` ("Noisy
+            and redundant pools"). Not with DeepSpeed, whose engine owns the optimizer state (a warning; nothing is
+            cleared).
     Raises:
-        ValueError: if `balance_window` < 1. TypeError: if `balance_tokens` is not a bool or `"auto"`, or
-            `reset_optimizer_state` is not a bool.
+        ValueError: if `balance_window` < 1. TypeError: if `balance_tokens` or `reset_optimizer_state` is not a
+            bool or `"auto"`.
     """
 
     balance_tokens: bool | str = field(default="auto", metadata={
@@ -236,14 +241,15 @@ class AllocationSettings:
     balance_window: int = field(default=16, metadata={
         "help": "Look-ahead, in micro-steps, from which token-balanced batches are filled (an example waits at "
                 "most this many steps)."})
-    reset_optimizer_state: bool = field(default=False, metadata={
+    reset_optimizer_state: bool | str = field(default="auto", metadata={
         "help": "Clear the optimizer's state (Adam's moments) when training on the kept subset starts, after the "
-                "warm-up on the full pool; weights and LR schedule carry on. Not with DeepSpeed."})
+                "warm-up on the full pool; weights and LR schedule carry on: true, false or 'auto' (on when the "
+                "noise filter estimated the pool's noise rate at 0.3 or more). Not with DeepSpeed."})
 
     def __post_init__(self) -> None:
         resolve_balance_tokens(self.balance_tokens, 1)  # checks it: a bool or "auto"
         check_int_setting("balance_window", self.balance_window, 1)
-        check_bool("reset_optimizer_state", self.reset_optimizer_state)
+        resolve_reset_optimizer_state(self.reset_optimizer_state, {})  # checks it: a bool or "auto"
 
 
 def resolve_balance_tokens(balance_tokens: bool | str, world_size: int, budget_unit: str = "examples") -> bool:
@@ -293,18 +299,38 @@ def resolve_duplicates(settings: SelectionSettings, *, token_level: bool,
     return threshold, weight
 
 
-# `noise_share="auto"` for a classification head: the share measured on 20 Newsgroups (clean, 40 % wrong labels, 60 %
-# duplicated rows) and Natural-Instructions skill classification (benchmarks/README.md, the noise filter)
+# `noise_share="auto"` for a classification head: the least share deferred (the estimated noise rate above it), measured
+# on 20 Newsgroups (clean, 40 % wrong labels, 60 % duplicated rows) and skill classification (benchmarks/README.md)
 AUTO_NOISE_SHARE = 0.2
 
 
 def resolve_noise_share(settings: SelectionSettings, *, available: bool) -> float:
-    """`settings.noise_share` with `"auto"` resolved: `AUTO_NOISE_SHARE` where `available` (the trainer's rule,
-    `pipeline.resolved_auto_settings`: a classification head, a built-in feature, no target set, not sharded),
-    else 0.0; a number given explicitly is kept."""
+    """`settings.noise_share` with `"auto"` resolved before the feature pass: `AUTO_NOISE_SHARE` where `available`
+    (the trainer's rule, `pipeline.resolved_auto_settings`: a classification head, a built-in feature, no target
+    set, not sharded; the pass's estimate can raise it, `noise_filter.with_noise_filter`), else 0.0; a number given
+    explicitly is kept."""
     if settings.noise_share == AUTO:
         return AUTO_NOISE_SHARE if available else 0.0
     return float(settings.noise_share)
+
+
+# `reset_optimizer_state="auto"` clears Adam's state when the noise filter's `noise_rate_estimate` is at least this:
+# between clean 20 Newsgroups (0.11) and its 40 %-noise pool (0.38), where clearing it won at f = 0.1 (benchmarks/README.md)
+NOISY_POOL_RATE = 0.3
+
+
+def resolve_reset_optimizer_state(setting: bool | str, clustering_params: dict | None) -> bool:
+    """`reset_optimizer_state` as a bool: `"auto"` is on when `clustering_params["noise_rate_estimate"]` (the noise
+    filter's estimate, fraction 0–1; absent when it did not estimate) is at least `NOISY_POOL_RATE`.
+
+    Raises:
+        TypeError: if `setting` is neither a bool nor `"auto"`.
+    """
+    if isinstance(setting, str) and setting == AUTO:
+        return float((clustering_params or {}).get("noise_rate_estimate") or 0.0) >= NOISY_POOL_RATE
+    if not isinstance(setting, bool):
+        raise TypeError(f"`reset_optimizer_state` must be True, False or 'auto', got {setting!r}.")
+    return setting
 
 
 @dataclass(frozen=True)

@@ -360,12 +360,19 @@ def test_auto_is_accepted_in_any_case_by_every_option_that_takes_it():
     args = build_parser().parse_args([
         "select", "--model", "m", "--dataset", "d", "--output", "o", "--duplicate-weight", "AUTO",
         "--feature-precision", "Auto", "--feature", "AUTO", "--near-duplicate-threshold", "AUTO",
-        "--balance-tokens", "AUTO", "--quota", "uniform",
+        "--balance-tokens", "AUTO", "--quota", "uniform", "--reset-optimizer-state", "Auto",
     ])
     config = config_from_args(args)
     assert (config.feature, config.selection_settings.duplicate_weight, config.feature_settings.feature_precision,
             config.selection_settings.near_duplicate_threshold, config.allocation_settings.balance_tokens,
-            config.selection_settings.quota) == ("auto", "auto", "auto", "auto", "auto", "uniform")
+            config.selection_settings.quota, config.allocation_settings.reset_optimizer_state) == (
+        "auto", "auto", "auto", "auto", "auto", "uniform", "auto")
+    off = config_from_args(build_parser().parse_args([
+        "select", "--model", "m", "--dataset", "d", "--output", "o", "--reset-optimizer-state", "off"]))
+    assert off.allocation_settings.reset_optimizer_state is False
+    with pytest.raises(ValueError, match="--reset-optimizer-state` must be true or false .*or auto"):
+        config_from_args(build_parser().parse_args([
+            "select", "--model", "m", "--dataset", "d", "--output", "o", "--reset-optimizer-state", "maybe"]))
     with pytest.raises(SystemExit):  # other text still meets the choices check
         build_parser().parse_args(["select", "--model", "m", "--dataset", "d", "--output", "o", "--quota", "UNIFORM"])
 

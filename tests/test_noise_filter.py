@@ -200,8 +200,9 @@ def test_the_trainer_defers_the_flagged_rows_and_reports_them(tmp_path, tiny_lm,
 
 def test_auto_turns_the_filter_on_for_a_classification_head_and_off_for_a_language_model(tmp_path, tokenizer,
                                                                                           _tiny_lm_base, collator):
-    """`noise_share="auto"` (the default): 0.2 of every cluster deferred for a classification head, recorded as
-    resolved and counted in the report; nothing for a language model (its recorded share is 0.0)."""
+    """`noise_share="auto"` (the default): for a classification head every cluster defers the estimated noise rate
+    (at least 0.2) of its rows, recorded with the estimate and counted in the report; nothing for a language model
+    (its recorded share is 0.0, no estimate)."""
     import copy
 
     import tiny_assets
@@ -211,16 +212,82 @@ def test_auto_turns_the_filter_on_for_a_classification_head_and_off_for_a_langua
     dataset, source = near_copy_dataset(tokenizer)
     lm_trainer, lm_report = train_on(tmp_path / "lm", copy.deepcopy(_tiny_lm_base), dataset, collator)
     assert lm_report["clustering_params"]["noise_share"] == 0.0 and lm_report["n_suspected_noise"] is None
+    assert "noise_rate_estimate" not in lm_report["clustering_params"]
     labelled = dataset.remove_columns("labels").add_column("labels", [int(s % 3) for s in source])
     torch.manual_seed(0)
     model = LlamaForSequenceClassification(tiny_assets.llama_config(len(tokenizer), num_labels=3,
                                                                     pad_token_id=tokenizer.pad_token_id))
     trainer, report = train_on(tmp_path / "cls", model, labelled, DataCollatorWithPadding(tokenizer))
-    assert report["clustering_params"]["noise_share"] == 0.2
-    # every cluster of m rows gives up floor(0.2 * m + 0.5) of them (none below m = 3)
-    expected = sum(int(np.floor(0.2 * m + 0.5)) for m in report["cluster_sizes"])
+    params = report["clustering_params"]
+    assert params["noise_share"] == 0.2 and 0.0 <= params["noise_rate_estimate"] <= 1.0
+    assert params["noise_share_applied"] == pytest.approx(max(0.2, min(params["noise_rate_estimate"], 0.5)), abs=1e-4)
+    # every cluster of m rows gives up floor(applied * m + 0.5) of them
+    expected = sum(int(np.floor(round(params["noise_share_applied"] * m, 6) + 0.5)) for m in report["cluster_sizes"])
     assert report["n_suspected_noise"] == expected > 0
     assert trainer.selection.indices.size == 36
+
+
+def _badge_like(n_per_class: int, noisy: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Inputs of 3 classes (near e0, e1, e2) and BADGE-like features `(p - onehot(y)) ⊗ h` with the model leaning to
+    the true class (p = 0.6 on it); the first `noisy` rows of every class carry another class's label. Returns
+    (inputs [n, 3], features [n, 9], relabelled [n] bool)."""
+    rng = np.random.default_rng(seed)
+    rows, feats, flipped = [], [], []
+    for c in range(3):
+        for i in range(n_per_class):
+            h = np.eye(3)[c] + 0.05 * rng.standard_normal(3)
+            label = (c + 1) % 3 if i < noisy else c
+            p = np.full(3, 0.2)
+            p[c] = 0.6
+            rows.append(h)
+            feats.append(np.outer(p - np.eye(3)[label], h).ravel())
+            flipped.append(i < noisy)
+    return np.array(rows), np.array(feats), np.array(flipped)
+
+
+@pytest.mark.parametrize("noisy, rate", [(0, 0.0), (4, 0.2), (8, 0.4)])
+def test_the_estimated_noise_rate_is_the_share_of_rows_against_their_neighbours(noisy, rate):
+    """A relabelled row's BADGE feature points against its neighbours' (agreement < 0): the estimate is the planted
+    rate; `with_noise_filter(estimate=True)` then flags that share of every cluster (at least the configured 0.2)
+    and records both."""
+    from hf_cluster_select.selection.noise_filter import estimated_noise_rate, with_noise_filter
+    from hf_cluster_select.settings import SelectionSettings
+
+    inputs, features, flipped = _badge_like(20, noisy)
+    agreement = neighbour_agreement(inputs, features, neighbors=19)  # a row's neighbours: the rest of its class
+    assert estimated_noise_rate(agreement) == pytest.approx(rate)
+    labels = np.repeat(np.arange(3), 20)
+    result = ClusteringResult(labels=labels, raw_labels=labels, reduced=np.zeros((60, 2)), n_clusters=3,
+                              method="fine_kmeans")
+    settings = SelectionSettings(noise_share=0.2, noise_neighbors=19)
+    out, suspected = with_noise_filter(result, inputs, features, settings, seed=0, estimate=True)
+    applied = max(0.2, rate)
+    assert out.params["noise_rate_estimate"] == pytest.approx(rate)
+    assert out.params["noise_share_applied"] == pytest.approx(applied)
+    assert out.params["n_suspected_noise"] == suspected.sum() == 3 * round(applied * 20)
+    assert suspected[flipped].all()  # every relabelled row is among the flagged
+    fixed, fixed_suspected = with_noise_filter(result, inputs, features, settings, seed=0)
+    assert fixed_suspected.sum() == 12 and "noise_rate_estimate" not in fixed.params
+    assert estimated_noise_rate(np.array([np.inf, -0.1, 0.3, np.inf])) == 0.5  # rows without an input state are out
+    assert estimated_noise_rate(np.full(3, np.inf)) == 0.0
+    with pytest.raises(ValueError, match="agreement"):
+        estimated_noise_rate(np.zeros((2, 2)))
+
+
+def test_the_estimate_is_capped_at_half_of_every_cluster():
+    """`"auto"` never defers more than `MAX_AUTO_SHARE` (half) of a cluster, however noisy the pool looks."""
+    from hf_cluster_select.selection.noise_filter import MAX_AUTO_SHARE, with_noise_filter
+    from hf_cluster_select.settings import SelectionSettings
+
+    inputs, _, _ = _badge_like(20, 0)
+    features = np.repeat(np.eye(3), 20, axis=0) * np.tile([1.0, -1.0], 30)[:, None]  # half of a class against half
+    labels = np.repeat(np.arange(3), 20)
+    result = ClusteringResult(labels=labels, raw_labels=labels, reduced=np.zeros((60, 2)), n_clusters=3,
+                              method="fine_kmeans")
+    out, suspected = with_noise_filter(result, inputs, features, SelectionSettings(noise_share=0.2, noise_neighbors=19),
+                                       seed=0, estimate=True)
+    assert out.params["noise_rate_estimate"] > MAX_AUTO_SHARE == out.params["noise_share_applied"] == 0.5
+    assert suspected.sum() == 30
 
 
 def test_the_recorded_share_is_what_ran():
@@ -234,3 +301,61 @@ def test_the_recorded_share_is_what_ran():
     config = ClusterSelectConfig(strategy_kwargs={"noise_share": 0.2})
     assert with_resolved_settings(result, config).params["noise_share"] == 0.2
     assert "noise_share" not in with_resolved_settings(result, config, targeted=True).params
+
+
+def test_reset_optimizer_state_auto_follows_the_noise_estimate():
+    from hf_cluster_select.settings import AllocationSettings, resolve_reset_optimizer_state
+
+    assert AllocationSettings().reset_optimizer_state == "auto"
+    assert resolve_reset_optimizer_state("auto", {"noise_rate_estimate": 0.3}) is True
+    assert resolve_reset_optimizer_state("auto", {"noise_rate_estimate": 0.29}) is False
+    assert resolve_reset_optimizer_state("auto", {}) is False and resolve_reset_optimizer_state("auto", None) is False
+    assert resolve_reset_optimizer_state(True, {}) is True
+    assert resolve_reset_optimizer_state(False, {"noise_rate_estimate": 0.9}) is False
+    with pytest.raises(TypeError, match="reset_optimizer_state"):
+        AllocationSettings(reset_optimizer_state="yes")
+
+
+@pytest.mark.parametrize("rate, restarts", [(0.45, True), (0.1, False)])
+def test_the_trainer_clears_adam_on_a_pool_estimated_noisy_and_resumes_so(tmp_path, tokenizer, monkeypatch, rate,
+                                                                          restarts):
+    """The default `reset_optimizer_state="auto"` with the default noise filter on a classification head: Adam's
+    step count restarts at the first subset step when the estimated noise rate is >= 0.3 and counts on below it; a
+    run resumed at that step (the checkpoint holds the warm-up's Adam state) decides the same from the saved report
+    and ends with the same weights."""
+    import tiny_assets
+    from test_near_duplicates import near_copy_dataset
+    from test_trainer import AdamSteps
+    from transformers import DataCollatorWithPadding, LlamaForSequenceClassification, TrainingArguments
+
+    from hf_cluster_select import ClusterTrainer
+    from hf_cluster_select.selection import noise_filter
+
+    monkeypatch.setattr(noise_filter, "estimated_noise_rate", lambda agreement: rate)
+    dataset, source = near_copy_dataset(tokenizer)
+    labelled = dataset.remove_columns("labels").add_column("labels", [int(s % 3) for s in source])
+
+    def run(name, save, resume=None):
+        torch.manual_seed(0)
+        model = LlamaForSequenceClassification(tiny_assets.llama_config(len(tokenizer), num_labels=3,
+                                                                        pad_token_id=tokenizer.pad_token_id))
+        args = TrainingArguments(output_dir=str(tmp_path / name), per_device_train_batch_size=4, num_train_epochs=1,
+                                 learning_rate=1e-3, warmup_steps=2, save_strategy=save, save_steps=2, report_to=[],
+                                 use_cpu=True, seed=0, disable_tqdm=True)
+        trainer = ClusterTrainer(model=model, args=args, train_dataset=labelled,
+                                 data_collator=DataCollatorWithPadding(tokenizer),
+                                 cluster_config=ClusterSelectConfig(data_fraction=0.5))
+        steps = AdamSteps()
+        trainer.add_callback(steps)
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer, steps.steps
+
+    trainer, steps = run("full", "steps")
+    warmup = trainer.step_plan.warmup_steps
+    assert warmup == 2 and trainer.selection_report.clustering_params["noise_rate_estimate"] == rate
+    total = len(steps)
+    assert steps == (list(range(1, warmup + 1)) + list(range(1, total - warmup + 1)) if restarts
+                     else list(range(1, total + 1)))
+    resumed, _ = run("resumed", "no", resume=str(tmp_path / "full" / f"checkpoint-{warmup}"))
+    for p, q in zip(trainer.model.parameters(), resumed.model.parameters()):
+        assert torch.allclose(p, q, atol=1e-6)

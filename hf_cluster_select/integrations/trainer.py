@@ -34,6 +34,7 @@ from ..persistence import load_selection, resolve_resume_checkpoint
 from ..reporting.report import SelectionReport
 from ..run import SelectionRun, resolve_run_facts
 from ..schedule import StepPlan
+from ..settings import resolve_reset_optimizer_state
 from ..validation import (check_feature_context, check_loss_path, check_map_style, check_train_dataset,
                           check_training_inputs)
 from ..weighting import weighted_loss
@@ -296,11 +297,15 @@ class ClusterSelectMixin(SelectionOutputsMixin):
             run.clock.stop(phase)
 
     def _cs_reset_optimizer_state(self) -> None:
-        """Clear the optimizer's per-parameter state when `reset_optimizer_state` is set (`AllocationSettings`)."""
-        if not self.cluster_config.allocation_settings.reset_optimizer_state or self.optimizer is None:
+        """Clear the optimizer's per-parameter state when `reset_optimizer_state` is set, or is `"auto"` and the noise
+        filter estimated the pool noisy (`AllocationSettings`, `settings.resolve_reset_optimizer_state`)."""
+        report = self.selection_report
+        if self.optimizer is None or not resolve_reset_optimizer_state(
+                self.cluster_config.allocation_settings.reset_optimizer_state,
+                None if report is None else report.clustering_params):
             return
         if self.is_deepspeed_enabled:  # its engine owns the state
-            warnings.warn("reset_optimizer_state=True is ignored under DeepSpeed.", stacklevel=2)
+            warnings.warn("reset_optimizer_state: the optimizer state is not cleared under DeepSpeed.", stacklevel=2)
         else:
             getattr(self.optimizer, "optimizer", self.optimizer).state.clear()  # through accelerate's wrapper
 

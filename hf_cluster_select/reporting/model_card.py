@@ -55,6 +55,15 @@ def duplicate_settings(params: dict) -> str:
             f"duplicate_weight={params.get('duplicate_weight')!r}")
 
 
+def noise_settings(params: dict) -> str:
+    """The noise filter's share as it ran, e.g. `noise_share=0.2`, or with `"auto"`'s estimate
+    `noise_share=0.38 (estimated noise rate 0.38, at least 0.2)`."""
+    if params.get("noise_share_applied") is None:
+        return f"noise_share={params.get('noise_share')}"
+    return (f"noise_share={params['noise_share_applied']:g} (estimated noise rate "
+            f"{params.get('noise_rate_estimate'):g}, at least {params.get('noise_share'):g})")
+
+
 def _percent(value: Any) -> str:
     return NOT_MEASURED if value is None else f"{100.0 * float(value):.1f}%"
 
@@ -215,9 +224,9 @@ def _summary_rows(r: Mapping[str, Any]) -> list[tuple[str, str, str]]:
             f"{_seconds(r.get('near_duplicates_seconds'))}", "examples whose tokens are near copies of an earlier "
             f"example's ({duplicate_settings(r.get('clustering_params') or {})}): one candidate per group")]
           if r.get("n_near_duplicate_rows") is not None else []),
-        *([("Suspected noise", _count(r["n_suspected_noise"]), f"deferred: the noise_share="
-            f"{(r.get('clustering_params') or {}).get('noise_share')} of each cluster whose target agreed least with "
-            "its input neighbours' (a set share, not a noise estimate): kept only if the budget needs them")]
+        *([("Suspected noise", _count(r["n_suspected_noise"]), f"deferred: the "
+            f"{noise_settings(r.get('clustering_params') or {})} of each cluster whose target agreed least with "
+            "its input neighbours': kept only if the budget needs them")]
           if r.get("n_suspected_noise") is not None else []),
         ("Clustering method", r.get("clustering_method") or NOT_MEASURED,
          f"fallback: {fallback}" if fallback else "no fallback: the clusterer's result was used as is"),
