@@ -161,9 +161,9 @@ class SelectionSettings:
             as suspected label or reply noise: that share of its examples whose target agrees least with those of
             their input neighbours (`selection/noise_filter.py`, Deep k-NN, Bahri et al., ICML 2020) is deferred,
             kept only when the budget needs them. 0 = off. `"auto"`, for a classification head where the filter can
-            run: the pool's estimated noise rate (`noise_filter.estimated_noise_rate`, the share of examples whose
-            feature points against their neighbours') clipped to [`AUTO_NOISE_SHARE` (0.2), 0.5]; else 0: off for
-            a language model (`resolve_noise_share`). A number is used as given: set it near the pool's noise rate
+            run: `AUTO_NOISE_SHARE` (0.2), or the pool's estimated noise rate (`noise_filter.estimated_noise_rate`,
+            the share of examples whose feature points against their neighbours', at most 0.5) when that is at
+            least `NOISY_POOL_RATE` (0.3); else 0: off for a language model (`resolve_noise_share`). A number is used as given: set it near the pool's noise rate
             when known (a language model's replies). A number > 0 is refused with a target set or sharded selection (`"auto"`
             turns the filter off there). The feature pass also keeps each example's input state (`[n_examples, 256]`
             at most, stored in the feature cache with the features). Measured in `benchmarks/README.md` ("Noisy
@@ -188,9 +188,9 @@ class SelectionSettings:
         "choices": ["auto", "group", "one"]})
     noise_share: float | str = field(default="auto", metadata={
         "help": "Fraction in [0, 1) of every cluster to defer as suspected label/reply noise: the examples whose "
-                "target agrees least with their input neighbours' (k-NN agreement); 0 = off; 'auto' = the "
-                "estimated noise rate, within [0.2, 0.5], for a classification head; 0 for a language model, a "
-                "target set, sharded selection or a user feature."})
+                "target agrees least with their input neighbours' (k-NN agreement); 0 = off; 'auto' = for a "
+                "classification head 0.2, or the estimated noise rate (up to 0.5) when it is 0.3 or more; 0 for a "
+                "language model, a target set, sharded selection or a user feature."})
     noise_neighbors: int = field(default=10, metadata={
         "help": "Neighbours per example of the noise filter (noise_share), >= 1."})
 
@@ -314,8 +314,9 @@ def resolve_noise_share(settings: SelectionSettings, *, available: bool) -> floa
     return float(settings.noise_share)
 
 
-# `reset_optimizer_state="auto"` clears Adam's state when the noise filter's `noise_rate_estimate` is at least this:
-# between clean 20 Newsgroups (0.11) and its 40 %-noise pool (0.38), where clearing it won at f = 0.1 (benchmarks/README.md)
+# A pool whose noise filter estimates a noise rate of at least this looks noisy: `noise_share="auto"` defers the estimate
+# and `reset_optimizer_state="auto"` clears Adam's state. Between the clean pools (20 Newsgroups 0.10-0.11, skill
+# classification 0.21-0.24) and 20 Newsgroups with 40 % wrong labels (0.36-0.38) (benchmarks/README.md, the noise filter)
 NOISY_POOL_RATE = 0.3
 
 

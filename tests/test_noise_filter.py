@@ -220,7 +220,8 @@ def test_auto_turns_the_filter_on_for_a_classification_head_and_off_for_a_langua
     trainer, report = train_on(tmp_path / "cls", model, labelled, DataCollatorWithPadding(tokenizer))
     params = report["clustering_params"]
     assert params["noise_share"] == 0.2 and 0.0 <= params["noise_rate_estimate"] <= 1.0
-    assert params["noise_share_applied"] == pytest.approx(max(0.2, min(params["noise_rate_estimate"], 0.5)), abs=1e-4)
+    rate = params["noise_rate_estimate"]
+    assert params["noise_share_applied"] == pytest.approx(min(rate, 0.5) if rate >= 0.3 else 0.2, abs=1e-4)
     # every cluster of m rows gives up floor(applied * m + 0.5) of them
     expected = sum(int(np.floor(round(params["noise_share_applied"] * m, 6) + 0.5)) for m in report["cluster_sizes"])
     assert report["n_suspected_noise"] == expected > 0
@@ -245,11 +246,11 @@ def _badge_like(n_per_class: int, noisy: int, seed: int = 0) -> tuple[np.ndarray
     return np.array(rows), np.array(feats), np.array(flipped)
 
 
-@pytest.mark.parametrize("noisy, rate", [(0, 0.0), (4, 0.2), (8, 0.4)])
-def test_the_estimated_noise_rate_is_the_share_of_rows_against_their_neighbours(noisy, rate):
+@pytest.mark.parametrize("noisy, rate, applied", [(0, 0.0, 0.2), (5, 0.25, 0.2), (6, 0.3, 0.3), (8, 0.4, 0.4)])
+def test_the_estimated_noise_rate_is_the_share_of_rows_against_their_neighbours(noisy, rate, applied):
     """A relabelled row's BADGE feature points against its neighbours' (agreement < 0): the estimate is the planted
-    rate; `with_noise_filter(estimate=True)` then flags that share of every cluster (at least the configured 0.2)
-    and records both."""
+    rate; `with_noise_filter(estimate=True)` then flags that share of every cluster when it is at least 0.3 (a pool
+    that looks noisy), else the configured 0.2, and records both."""
     from hf_cluster_select.selection.noise_filter import estimated_noise_rate, with_noise_filter
     from hf_cluster_select.settings import SelectionSettings
 
@@ -261,11 +262,10 @@ def test_the_estimated_noise_rate_is_the_share_of_rows_against_their_neighbours(
                               method="fine_kmeans")
     settings = SelectionSettings(noise_share=0.2, noise_neighbors=19)
     out, suspected = with_noise_filter(result, inputs, features, settings, seed=0, estimate=True)
-    applied = max(0.2, rate)
     assert out.params["noise_rate_estimate"] == pytest.approx(rate)
     assert out.params["noise_share_applied"] == pytest.approx(applied)
     assert out.params["n_suspected_noise"] == suspected.sum() == 3 * round(applied * 20)
-    assert suspected[flipped].all()  # every relabelled row is among the flagged
+    assert suspected[flipped].all() == (applied >= rate)  # every relabelled row is flagged once the share covers it
     fixed, fixed_suspected = with_noise_filter(result, inputs, features, settings, seed=0)
     assert fixed_suspected.sum() == 12 and "noise_rate_estimate" not in fixed.params
     assert estimated_noise_rate(np.array([np.inf, -0.1, 0.3, np.inf])) == 0.5  # rows without an input state are out

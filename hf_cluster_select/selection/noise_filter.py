@@ -12,9 +12,9 @@ reply swapped from another task has low agreement.
 `ClusterSelectConfig(strategy_kwargs={"noise_share": s})` defers, in every cluster, its share `s` of lowest agreement
 (`with_noise_filter`): they are kept only when the budget cannot be met without them (`select.select_from_labels`'s
 `deferred`). The default `"auto"` is off for a language model (`pipeline.resolved_auto_settings`); for a
-classification head it is the pool's estimated noise rate (`estimated_noise_rate`: the share of examples whose
-feature points against their neighbours', agreement < 0), at least `AUTO_NOISE_SHARE` (0.2) and at most
-`MAX_AUTO_SHARE` (0.5). Measured in `benchmarks/README.md` ("Noisy and redundant pools", the noise filter) and
+classification head it is `AUTO_NOISE_SHARE` (0.2), or, when the pool looks noisy (`estimated_noise_rate`, the share
+of examples whose feature points against their neighbours', at least `NOISY_POOL_RATE` = 0.3), that estimate (at most
+`MAX_AUTO_SHARE`, 0.5). Measured in `benchmarks/README.md` ("Noisy and redundant pools", the noise filter) and
 `docs/configuration.md` ("Noisy labels and replies").
 """
 
@@ -28,7 +28,7 @@ import numpy as np
 
 from .._types import ClusteringResult
 from ..config import ClusterSelectConfig
-from ..settings import SelectionSettings
+from ..settings import NOISY_POOL_RATE, SelectionSettings
 
 MAX_AUTO_SHARE = 0.5  # "auto" defers at most half of every cluster
 REFERENCE_ROWS = 8192  # neighbours are searched among at most this many rows (a seeded sample above it)
@@ -174,16 +174,16 @@ def with_noise_filter(result: ClusteringResult, inputs: Any, features: Any, sett
                       seed: int, estimate: bool = False) -> tuple[ClusteringResult, np.ndarray | None]:
     """`(result with params["n_suspected_noise"], suspected [n] bool)` when `inputs` (input states `[n, r]`) are
     given: in every cluster of `result.labels`, its share of lowest `neighbour_agreement` of `features` `[n, dim]`
-    (`suspected_noise`); else `(result, None)`. The share is `settings.noise_share`, or with `estimate` (the user
-    left `noise_share="auto"`) `estimated_noise_rate` clipped to [`settings.noise_share`, `MAX_AUTO_SHARE`]; then
-    params also get `noise_rate_estimate` and `noise_share_applied` (fractions 0–1)."""
+    (`suspected_noise`); else `(result, None)`. The share is `settings.noise_share`; with `estimate` (the user left
+    `noise_share="auto"`) it is `estimated_noise_rate` (at most `MAX_AUTO_SHARE`) instead when that is at least
+    `NOISY_POOL_RATE`, and params also get `noise_rate_estimate` and `noise_share_applied` (fractions 0–1)."""
     if inputs is None:
         return result, None
     agreement = neighbour_agreement(inputs, features, neighbors=settings.noise_neighbors, seed=seed)
     share, params = float(settings.noise_share), {}
     if estimate:
         rate = estimated_noise_rate(agreement)
-        share = max(share, min(rate, MAX_AUTO_SHARE))
+        share = min(rate, MAX_AUTO_SHARE) if rate >= NOISY_POOL_RATE else share
         params = {"noise_rate_estimate": round(rate, 4), "noise_share_applied": round(share, 4)}
     suspected = suspected_noise(agreement, share, result.labels)
     params["n_suspected_noise"] = int(suspected.sum())
