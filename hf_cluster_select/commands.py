@@ -26,7 +26,7 @@ import sys
 from typing import Any, Sequence
 
 from .config import ClusterSelectConfig, registered_settings
-from .reporting.model_card import duplicate_settings, noise_settings
+from .reporting.settings_text import duplicate_settings, noise_settings
 from .settings import AUTO
 
 TEXT_PREVIEW = 120  # characters of each example shown by `report`

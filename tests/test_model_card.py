@@ -212,10 +212,10 @@ def test_suspected_noise_row_and_report_line_give_the_count_and_share():
         "suspected noise: 1538 examples deferred (noise_share=0.2 of each cluster, lowest k-NN agreement)"]
     estimated = make_report(n_suspected_noise=3020, clustering_params={
         "noise_share": 0.2, "noise_rate_estimate": 0.3791, "noise_share_applied": 0.3791})
-    assert ("| Suspected noise | 3,020 | deferred: the noise_share=0.3791 (estimated noise rate 0.3791, at least "
-            "0.2) of each cluster") in selection_card_section(estimated)
+    assert ("| Suspected noise | 3,020 | deferred: the noise_share=0.3791 (auto: estimated noise rate 0.3791; the "
+            "estimate from 0.3, else 0.2) of each cluster") in selection_card_section(estimated)
     assert _noise_lines(estimated.to_dict()) == [
-        "suspected noise: 3020 examples deferred (noise_share=0.3791 (estimated noise rate 0.3791, at least 0.2) of "
-        "each cluster, lowest k-NN agreement)"]
+        "suspected noise: 3020 examples deferred (noise_share=0.3791 (auto: estimated noise rate 0.3791; the estimate "
+        "from 0.3, else 0.2) of each cluster, lowest k-NN agreement)"]
     off = make_report()
     assert "Suspected noise" not in selection_card_section(off) and _noise_lines(off.to_dict()) == []

@@ -299,10 +299,9 @@ class ClusterSelectMixin(SelectionOutputsMixin):
     def _cs_reset_optimizer_state(self) -> None:
         """Clear the optimizer's per-parameter state when `reset_optimizer_state` is set, or is `"auto"` and the noise
         filter estimated the pool noisy (`AllocationSettings`, `settings.resolve_reset_optimizer_state`)."""
-        report = self.selection_report
+        params = None if self.selection_report is None else self.selection_report.clustering_params
         if self.optimizer is None or not resolve_reset_optimizer_state(
-                self.cluster_config.allocation_settings.reset_optimizer_state,
-                None if report is None else report.clustering_params):
+                self.cluster_config.allocation_settings.reset_optimizer_state, params):
             return
         if self.is_deepspeed_enabled:  # its engine owns the state
             warnings.warn("reset_optimizer_state: the optimizer state is not cleared under DeepSpeed.", stacklevel=2)

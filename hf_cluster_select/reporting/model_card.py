@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..atomic import atomic_open
+from .settings_text import duplicate_settings, noise_settings
 
 START_MARKER = "<!-- hf_cluster_select:start -->"
 END_MARKER = "<!-- hf_cluster_select:end -->"
@@ -44,24 +45,6 @@ def _values(report: Any) -> Mapping[str, Any]:
 
 def _count(value: Any) -> str:
     return NOT_MEASURED if value is None else f"{int(value):,}"
-
-
-def duplicate_settings(params: dict) -> str:
-    """The near-duplicate settings a run used (`"auto"` resolved), e.g. `near_duplicate_threshold=0.7,
-    duplicate_weight='one'`; the setting's name alone for reports written before they were recorded."""
-    if params.get("near_duplicate_threshold") is None:
-        return "near_duplicate_threshold"
-    return (f"near_duplicate_threshold={params['near_duplicate_threshold']:g}, "
-            f"duplicate_weight={params.get('duplicate_weight')!r}")
-
-
-def noise_settings(params: dict) -> str:
-    """The noise filter's share as it ran, e.g. `noise_share=0.2`, or with `"auto"`'s estimate
-    `noise_share=0.38 (estimated noise rate 0.38, at least 0.2)`."""
-    if params.get("noise_share_applied") is None:
-        return f"noise_share={params.get('noise_share')}"
-    return (f"noise_share={params['noise_share_applied']:g} (estimated noise rate "
-            f"{params.get('noise_rate_estimate'):g}, at least {params.get('noise_share'):g})")
 
 
 def _percent(value: Any) -> str:
