@@ -37,7 +37,7 @@ from .pipeline import resolved_auto_settings, select_with_model
 from .reporting.report import SelectionReport
 from .schedule import StepPlan, plan_steps, resolve_warmup_steps, warn_if_subset_unseen
 from .selection.budget import selection_budget
-from .settings import resolve_balance_tokens
+from .settings import resolve_balance_tokens, resolve_reset_optimizer_state
 
 logger = logging.getLogger(__name__)
 
@@ -166,6 +166,13 @@ class SelectionRun:
         """Whether the selection must exist before the LR schedule is sized (the allocation's batch count depends on
         the clusters: CluSTER's one cluster per rank)."""
         return self.allocation.selects_before_training
+
+    @property
+    def resets_optimizer(self) -> bool:
+        """Whether the optimizer's state is cleared when the subset starts: `reset_optimizer_state`, `"auto"` resolved
+        by the selection's noise estimate (`settings.resolve_reset_optimizer_state`)."""
+        return resolve_reset_optimizer_state(self.config.allocation_settings.reset_optimizer_state,
+                                             None if self.report is None else self.report.clustering_params)
 
     def is_warmup_epoch(self, epoch: int) -> bool:
         """Whether logical epoch `epoch` is the warm-up on the full data."""

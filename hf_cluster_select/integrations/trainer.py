@@ -34,7 +34,6 @@ from ..persistence import load_selection, resolve_resume_checkpoint
 from ..reporting.report import SelectionReport
 from ..run import SelectionRun, resolve_run_facts
 from ..schedule import StepPlan
-from ..settings import resolve_reset_optimizer_state
 from ..validation import (check_feature_context, check_loss_path, check_map_style, check_train_dataset,
                           check_training_inputs)
 from ..weighting import weighted_loss
@@ -278,8 +277,8 @@ class ClusterSelectMixin(SelectionOutputsMixin):
             if run.selection is None:
                 self.run_selection(model)
             train_dataloader = self._cs_subset_dataloader()
-            if self.state.global_step == run.plan.warmup_steps > 0:  # the first subset step, also when resumed there
-                self._cs_reset_optimizer_state()
+            if self.state.global_step == run.plan.warmup_steps > 0 and run.resets_optimizer:  # first subset step,
+                self._cs_reset_optimizer_state()  # also when resumed there
         if run.pending_metrics is not None:
             pending, run.pending_metrics = run.pending_metrics, None
             self.log(pending)
@@ -297,11 +296,8 @@ class ClusterSelectMixin(SelectionOutputsMixin):
             run.clock.stop(phase)
 
     def _cs_reset_optimizer_state(self) -> None:
-        """Clear the optimizer's per-parameter state when `reset_optimizer_state` is set, or is `"auto"` and the noise
-        filter estimated the pool noisy (`AllocationSettings`, `settings.resolve_reset_optimizer_state`)."""
-        params = None if self.selection_report is None else self.selection_report.clustering_params
-        if self.optimizer is None or not resolve_reset_optimizer_state(
-                self.cluster_config.allocation_settings.reset_optimizer_state, params):
+        """Clear the optimizer's per-parameter state (`reset_optimizer_state`: `SelectionRun.resets_optimizer`)."""
+        if self.optimizer is None:
             return
         if self.is_deepspeed_enabled:  # its engine owns the state
             warnings.warn("reset_optimizer_state: the optimizer state is not cleared under DeepSpeed.", stacklevel=2)
