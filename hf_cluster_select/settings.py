@@ -244,7 +244,7 @@ class AllocationSettings:
     reset_optimizer_state: bool | str = field(default="auto", metadata={
         "help": "Clear the optimizer's state (Adam's moments) when training on the kept subset starts, after the "
                 "warm-up on the full pool; weights and LR schedule carry on: true, false or 'auto' (on when the "
-                "noise filter estimated the pool's noise rate at 0.3 or more). Not with DeepSpeed."})
+                "noise filter estimated the pool's noise rate at 0.3 or more). Ignored (a warning) under DeepSpeed."})
 
     def __post_init__(self) -> None:
         resolve_balance_tokens(self.balance_tokens, 1)  # checks it: a bool or "auto"
@@ -318,6 +318,7 @@ def resolve_noise_share(settings: SelectionSettings, *, available: bool) -> floa
 # and `reset_optimizer_state="auto"` clears Adam's state. Between the clean pools (20 Newsgroups 0.10-0.11, skill
 # classification 0.21-0.24) and 20 Newsgroups with 40 % wrong labels (0.36-0.38) (benchmarks/README.md, the noise filter)
 NOISY_POOL_RATE = 0.3
+MAX_AUTO_SHARE = 0.5  # "auto" defers at most half of every cluster
 
 
 def resolve_reset_optimizer_state(setting: bool | str, clustering_params: dict | None) -> bool:

@@ -133,7 +133,7 @@ def test_bad_columns_paths_and_values_are_one_line_errors(tmp_path, model_folder
                  "--output", str(tmp_path / "x")]) == 2
     assert "no.jsonl' does not exist" in capsys.readouterr().err
     for option, value, expected in (("--data-fraction", "abc", "data_fraction"), ("--feature-cache", "maybe",
-                                    "`--feature-cache` must be true or false")):
+                                    "`--feature-cache` must be true, false (also yes/no, 1/0), got")):
         assert main(base + ["--text-column", "a", option, value]) == 2  # the config's message, one line
         err = capsys.readouterr().err
         assert err.startswith("hf-cluster-select select: error:") and expected in err and err.count("\n") == 1
@@ -370,7 +370,8 @@ def test_auto_is_accepted_in_any_case_by_every_option_that_takes_it():
     off = config_from_args(build_parser().parse_args([
         "select", "--model", "m", "--dataset", "d", "--output", "o", "--reset-optimizer-state", "off"]))
     assert off.allocation_settings.reset_optimizer_state is False
-    with pytest.raises(ValueError, match="--reset-optimizer-state` must be true or false .*or auto"):
+    with pytest.raises(ValueError, match=r"--reset-optimizer-state` must be true, false \(also yes/no, 1/0\) or auto, "
+                                         r"got .maybe."):
         config_from_args(build_parser().parse_args([
             "select", "--model", "m", "--dataset", "d", "--output", "o", "--reset-optimizer-state", "maybe"]))
     with pytest.raises(SystemExit):  # other text still meets the choices check

@@ -212,10 +212,27 @@ def test_suspected_noise_row_and_report_line_give_the_count_and_share():
         "suspected noise: 1538 examples deferred (noise_share=0.2 of each cluster, lowest k-NN agreement)"]
     estimated = make_report(n_suspected_noise=3020, clustering_params={
         "noise_share": 0.2, "noise_rate_estimate": 0.3791, "noise_share_applied": 0.3791})
-    assert ("| Suspected noise | 3,020 | deferred: the noise_share=0.3791 (auto: estimated noise rate 0.3791; the "
-            "estimate from 0.3, else 0.2) of each cluster") in selection_card_section(estimated)
+    phrase = ('noise_share=0.3791 ("auto": the estimated noise rate 0.3791 is used from 0.3, at most 0.5; 0.2 '
+              'below 0.3)')
+    assert f"| Suspected noise | 3,020 | deferred: the {phrase} of each cluster" in selection_card_section(estimated)
     assert _noise_lines(estimated.to_dict()) == [
-        "suspected noise: 3020 examples deferred (noise_share=0.3791 (auto: estimated noise rate 0.3791; the estimate "
-        "from 0.3, else 0.2) of each cluster, lowest k-NN agreement)"]
+        f"suspected noise: 3020 examples deferred ({phrase} of each cluster, lowest k-NN agreement)"]
     off = make_report()
     assert "Suspected noise" not in selection_card_section(off) and _noise_lines(off.to_dict()) == []
+
+
+@pytest.mark.parametrize("setting, estimate, warmup_steps, row", [
+    ("auto", 0.38, 7, "reset_optimizer_state='auto'"), ("auto", 0.25, 7, None),
+    (True, None, 3, "reset_optimizer_state=True"), (False, 0.9, 7, None), (True, None, 0, None)])
+def test_the_card_says_when_the_optimizer_state_was_cleared(setting, estimate, warmup_steps, row):
+    """An "Optimizer state" row when the run cleared Adam's state after its warm-up: `reset_optimizer_state=True`,
+    or `"auto"` (the default) with a noise estimate >= 0.3; none otherwise, nor without a warm-up (a given
+    selection)."""
+    config = ClusterSelectConfig(strategy_kwargs={} if setting == "auto" else {"reset_optimizer_state": setting})
+    params = {} if estimate is None else {"noise_rate_estimate": estimate}
+    report = make_report(clustering_params=params, warmup_steps=warmup_steps, config=config.to_dict())
+    section = selection_card_section(report)
+    if row is None:
+        assert "| Optimizer state |" not in section
+    else:
+        assert f"| Optimizer state | cleared after the warm-up | {row}: Adam's moments restarted" in section

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..atomic import atomic_open
-from .settings_text import duplicate_settings, noise_settings
+from .settings_text import duplicate_settings, noise_settings, optimizer_reset
 
 START_MARKER = "<!-- hf_cluster_select:start -->"
 END_MARKER = "<!-- hf_cluster_select:end -->"
@@ -216,6 +216,8 @@ def _summary_rows(r: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         ("Batch geometry", _geometry(r), "data-parallel ranks and per-step batch of the training run"),
         ("Warm-up training", _seconds(r.get("warmup_seconds")) + _steps(r.get("warmup_steps")),
          "wall-clock time training on the full data before selection"),
+        *([("Optimizer state", "cleared after the warm-up", f"{optimizer_reset(r)}: Adam's moments restarted when "
+            "training on the kept subset started; weights and LR schedule carried on")] if optimizer_reset(r) else []),
         ("Feature extraction", _seconds(r.get("features_seconds")),
          "wall-clock time loading per-example features from the feature cache (computed by an earlier run with the "
          "same data, weights, tokenizer and feature settings)" if r.get("features_from_cache")

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ..settings import NOISY_POOL_RATE
+from ..settings import AUTO, MAX_AUTO_SHARE, NOISY_POOL_RATE, resolve_reset_optimizer_state
 
 
 def duplicate_settings(params: dict) -> str:
@@ -17,9 +17,22 @@ def duplicate_settings(params: dict) -> str:
 
 def noise_settings(params: dict) -> str:
     """The noise filter's share as it ran, e.g. `noise_share=0.2`, or when `"auto"` estimated the noise rate
-    `noise_share=0.38 (auto: estimated noise rate 0.38; the estimate from 0.3, else 0.2)`."""
+    `noise_share=0.38 ("auto": the estimated noise rate, used from 0.3, at most 0.5; 0.2 below 0.3)`."""
     if params.get("noise_share_applied") is None:
         return f"noise_share={params.get('noise_share')}"
-    return (f"noise_share={params['noise_share_applied']:g} (auto: estimated noise rate "
-            f"{params.get('noise_rate_estimate'):g}; the estimate from {NOISY_POOL_RATE:g}, else "
-            f"{params.get('noise_share'):g})")
+    return (f"noise_share={params['noise_share_applied']:g} (\"auto\": the estimated noise rate "
+            f"{params.get('noise_rate_estimate'):g} is used from {NOISY_POOL_RATE:g}, at most {MAX_AUTO_SHARE:g}; "
+            f"{params.get('noise_share'):g} below {NOISY_POOL_RATE:g})")
+
+
+def optimizer_reset(report: dict) -> str | None:
+    """`reset_optimizer_state=...` when the run cleared the optimizer's state after its warm-up (the setting, or
+    `"auto"` on a pool estimated noisy: `settings.resolve_reset_optimizer_state`), else None."""
+    setting = ((report.get("config") or {}).get("strategy_kwargs") or {}).get("reset_optimizer_state", AUTO)
+    if not (report.get("warmup_steps") or 0) > 0:
+        return None
+    try:
+        cleared = resolve_reset_optimizer_state(setting, report.get("clustering_params") or {})
+    except TypeError:
+        return None
+    return f"reset_optimizer_state={setting!r}" if cleared else None

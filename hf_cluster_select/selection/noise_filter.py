@@ -28,9 +28,8 @@ import numpy as np
 
 from .._types import ClusteringResult
 from ..config import ClusterSelectConfig
-from ..settings import NOISY_POOL_RATE, SelectionSettings
+from ..settings import MAX_AUTO_SHARE, NOISY_POOL_RATE, SelectionSettings
 
-MAX_AUTO_SHARE = 0.5  # "auto" defers at most half of every cluster
 REFERENCE_ROWS = 8192  # neighbours are searched among at most this many rows (a seeded sample above it)
 CHUNK_VALUES = 1 << 24  # floats per chunk of rows: similarities [c, reference] plus neighbours' features [c, k, dim]
 
