@@ -94,7 +94,8 @@ def _parse_value(name: str, text: Any, default: Any) -> Any:
     if isinstance(default, bool) or name in BOOLS_OR_AUTO:
         if text.lower() not in TRUE + FALSE:
             also = " or auto" if name in BOOLS_OR_AUTO else ""
-            raise ValueError(f"`--{name.replace('_', '-')}` must be true, false (also yes/no, 1/0){also}, got {text!r}.")
+            raise ValueError(f"`--{name.replace('_', '-')}` must be true, false (also yes/no, 1/0){also}, "
+                             f"got {text!r}.")
         return text.lower() in TRUE
     if name in ("selection_warmup_steps", "strategy_kwargs", "stratify_column") or \
             (isinstance(default, str) and not (default == AUTO and name in NUMBERS_OR_AUTO)):

@@ -190,10 +190,11 @@ def resolved_auto_settings(config: ClusterSelectConfig, model: torch.nn.Module, 
     """`{"near_duplicate_threshold", "duplicate_weight", "noise_share"}` of `config` for `model` and its resolved
     `feature` (`RunFacts.feature`), `"auto"` resolved: the token check at 0.7 with `duplicate_weight="one"` for a
     classification head, off for a language model, a model without an output head (a user feature) and sharded
-    selection (`settings.resolve_duplicates`); the noise filter at `AUTO_NOISE_SHARE` (the least share: the feature
-    pass's noise estimate can raise it, `with_noise_filter`) for a classification head unless the selection is sharded, `target="eval"` or the feature gives no input states (a user feature), off for
-    a language model (`settings.resolve_noise_share`; with a trainer's `target_dataset` it resolves as without one,
-    and the targeted path does not run it).
+    selection (`settings.resolve_duplicates`); the noise filter at `AUTO_NOISE_SHARE` (a noise estimate of 0.3 or
+    more from the feature pass replaces it, `with_noise_filter`) for a classification head unless the selection is
+    sharded, `target="eval"` or the feature gives no input states (a user feature), off for a language model
+    (`settings.resolve_noise_share`; with a trainer's `target_dataset` it resolves as without one, and the targeted
+    path does not run it).
 
     Raises:
         ValueError: for `noise_share` > 0 given explicitly with a feature that gives no input states.
