@@ -58,6 +58,19 @@ def check_bool(name: str, value: Any) -> None:
         raise TypeError(f"`{name}` must be a bool, got {value!r}.")
 
 
+def is_auto_bool(name: str, value: Any) -> bool:
+    """Whether a bool setting that also takes `"auto"` is `"auto"`.
+
+    Raises:
+        TypeError: if `value` is neither a bool nor `"auto"`.
+    """
+    if isinstance(value, str) and value == AUTO:
+        return True
+    if not isinstance(value, bool):
+        raise TypeError(f"`{name}` must be True, False or 'auto', got {value!r}.")
+    return False
+
+
 def choices_of(settings_class: type, name: str) -> tuple[str, ...]:
     """The `"choices"` declared in the metadata of field `name` of `settings_class`."""
     return tuple(next(f for f in dataclasses.fields(settings_class) if f.name == name).metadata["choices"])
@@ -163,11 +176,11 @@ class SelectionSettings:
             kept only when the budget needs them. 0 = off. `"auto"`, for a classification head where the filter can
             run: `AUTO_NOISE_SHARE` (0.2), or the pool's estimated noise rate (`noise_filter.estimated_noise_rate`,
             the share of examples whose feature points against their neighbours', at most 0.5) when that is at
-            least `NOISY_POOL_RATE` (0.3); else 0: off for a language model (`resolve_noise_share`). A number is used as given: set it near the pool's noise rate
-            when known (a language model's replies). A number > 0 is refused with a target set or sharded selection (`"auto"`
-            turns the filter off there). The feature pass also keeps each example's input state (`[n_examples, 256]`
-            at most, stored in the feature cache with the features). Measured in `benchmarks/README.md` ("Noisy
-            and redundant pools").
+            least `NOISY_POOL_RATE` (0.3); else 0: off for a language model (`resolve_noise_share`). A number is
+            used as given: set it near the pool's noise rate when known (a language model's replies). A number > 0
+            is refused with a target set or sharded selection (`"auto"` turns the filter off there). The feature
+            pass also keeps each example's input state (`[n_examples, 256]` at most, stored in the feature cache
+            with the features). Measured in `benchmarks/README.md` ("Noisy and redundant pools").
         noise_neighbors (`int`, defaults to `10`): neighbours per example of the noise filter, >= 1.
     Raises:
         ValueError: for an unknown quota or duplicate weight, a threshold outside (0, 1], a `noise_share` outside
@@ -226,10 +239,10 @@ class AllocationSettings:
             weights and the LR schedule carry on, and Adam restarts its bias correction. The warm-up's moments come
             from the full pool, label noise included; LESS (Xia et al., arXiv 2402.04333) likewise does not carry
             its warm-up's training into the training on the selected data. `"auto"` clears it when the noise filter
-            estimated the pool noisy (`noise_rate_estimate` >= `NOISY_POOL_RATE`, 0.3; `resolve_reset_optimizer_state`),
-            so only with a classification head and `noise_share="auto"`. Measured in `benchmarks/README.md` ("Noisy
-            and redundant pools"). Not with DeepSpeed, whose engine owns the optimizer state (a warning; nothing is
-            cleared).
+            estimated the pool noisy (`noise_rate_estimate` >= `NOISY_POOL_RATE`, 0.3;
+            `resolve_reset_optimizer_state`), so only with a classification head and `noise_share="auto"`. Measured
+            in `benchmarks/README.md` ("Noisy and redundant pools"). Ignored under DeepSpeed, whose engine owns the
+            optimizer state (a warning; nothing is cleared).
     Raises:
         ValueError: if `balance_window` < 1. TypeError: if `balance_tokens` or `reset_optimizer_state` is not a
             bool or `"auto"`.
@@ -247,9 +260,9 @@ class AllocationSettings:
                 "noise filter estimated the pool's noise rate at 0.3 or more). Ignored (a warning) under DeepSpeed."})
 
     def __post_init__(self) -> None:
-        resolve_balance_tokens(self.balance_tokens, 1)  # checks it: a bool or "auto"
+        is_auto_bool("balance_tokens", self.balance_tokens)
         check_int_setting("balance_window", self.balance_window, 1)
-        resolve_reset_optimizer_state(self.reset_optimizer_state, {})  # checks it: a bool or "auto"
+        is_auto_bool("reset_optimizer_state", self.reset_optimizer_state)
 
 
 def resolve_balance_tokens(balance_tokens: bool | str, world_size: int, budget_unit: str = "examples") -> bool:
@@ -259,10 +272,8 @@ def resolve_balance_tokens(balance_tokens: bool | str, world_size: int, budget_u
     Raises:
         TypeError: if `balance_tokens` is neither a bool nor `"auto"`.
     """
-    if isinstance(balance_tokens, str) and balance_tokens == "auto":
+    if is_auto_bool("balance_tokens", balance_tokens):
         return int(world_size) > 1 or budget_unit == "tokens"
-    if not isinstance(balance_tokens, bool):
-        raise TypeError(f"`balance_tokens` must be True, False or 'auto', got {balance_tokens!r}.")
     return balance_tokens
 
 
@@ -299,24 +310,24 @@ def resolve_duplicates(settings: SelectionSettings, *, token_level: bool,
     return threshold, weight
 
 
-# `noise_share="auto"` for a classification head: the least share deferred (the estimated noise rate above it), measured
-# on 20 Newsgroups (clean, 40 % wrong labels, 60 % duplicated rows) and skill classification (benchmarks/README.md)
+# `noise_share="auto"` for a classification head unless the pool looks noisy (`NOISY_POOL_RATE`), measured on 20
+# Newsgroups (clean, 40 % wrong labels, 60 % duplicated rows) and skill classification (benchmarks/README.md)
 AUTO_NOISE_SHARE = 0.2
 
 
 def resolve_noise_share(settings: SelectionSettings, *, available: bool) -> float:
     """`settings.noise_share` with `"auto"` resolved before the feature pass: `AUTO_NOISE_SHARE` where `available`
     (the trainer's rule, `pipeline.resolved_auto_settings`: a classification head, a built-in feature, no target
-    set, not sharded; the pass's estimate can raise it, `noise_filter.with_noise_filter`), else 0.0; a number given
-    explicitly is kept."""
+    set, not sharded; an estimate of `NOISY_POOL_RATE` or more from the pass replaces it,
+    `noise_filter.with_noise_filter`), else 0.0; a number given explicitly is kept."""
     if settings.noise_share == AUTO:
         return AUTO_NOISE_SHARE if available else 0.0
     return float(settings.noise_share)
 
 
-# A pool whose noise filter estimates a noise rate of at least this looks noisy: `noise_share="auto"` defers the estimate
-# and `reset_optimizer_state="auto"` clears Adam's state. Between the clean pools (20 Newsgroups 0.10-0.11, skill
-# classification 0.21-0.24) and 20 Newsgroups with 40 % wrong labels (0.36-0.38) (benchmarks/README.md, the noise filter)
+# A pool whose noise filter estimates a noise rate of at least this looks noisy: `noise_share="auto"` defers the
+# estimate and `reset_optimizer_state="auto"` clears Adam's state. Between the clean pools (20 Newsgroups 0.10-0.12,
+# skill classification 0.21-0.24) and 20 Newsgroups with 40 % wrong labels (0.36-0.38) (benchmarks/README.md)
 NOISY_POOL_RATE = 0.3
 MAX_AUTO_SHARE = 0.5  # "auto" defers at most half of every cluster
 
@@ -328,10 +339,8 @@ def resolve_reset_optimizer_state(setting: bool | str, clustering_params: dict |
     Raises:
         TypeError: if `setting` is neither a bool nor `"auto"`.
     """
-    if isinstance(setting, str) and setting == AUTO:
+    if is_auto_bool("reset_optimizer_state", setting):
         return float((clustering_params or {}).get("noise_rate_estimate") or 0.0) >= NOISY_POOL_RATE
-    if not isinstance(setting, bool):
-        raise TypeError(f"`reset_optimizer_state` must be True, False or 'auto', got {setting!r}.")
     return setting
 
 

@@ -174,6 +174,7 @@ def _summary_rows(r: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     fallback = r.get("fallback")
     basis = r.get("full_data_seconds_basis") or NOT_MEASURED
     saved = r.get("seconds_saved")
+    reset = optimizer_reset(r)
     saved_text = NOT_MEASURED if saved is None else (
         f"{_seconds(saved)}; {_percent(r.get('fraction_saved'))} of the full-data time"
     )
@@ -216,8 +217,8 @@ def _summary_rows(r: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         ("Batch geometry", _geometry(r), "data-parallel ranks and per-step batch of the training run"),
         ("Warm-up training", _seconds(r.get("warmup_seconds")) + _steps(r.get("warmup_steps")),
          "wall-clock time training on the full data before selection"),
-        *([("Optimizer state", "cleared after the warm-up", f"{optimizer_reset(r)}: Adam's moments restarted when "
-            "training on the kept subset started; weights and LR schedule carried on")] if optimizer_reset(r) else []),
+        *([("Optimizer state", "cleared after the warm-up", f"{reset}: Adam's moments restarted when training on the "
+            "kept subset started; weights and LR schedule carried on")] if reset else []),
         ("Feature extraction", _seconds(r.get("features_seconds")),
          "wall-clock time loading per-example features from the feature cache (computed by an earlier run with the "
          "same data, weights, tokenizer and feature settings)" if r.get("features_from_cache")

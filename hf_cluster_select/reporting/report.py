@@ -31,8 +31,8 @@ _METRIC_FIELDS = (
     "n_examples", "n_kept", "fraction_kept", "tokens_total", "tokens_kept", "fraction_tokens_kept", "n_clusters",
     "n_noise", "n_nonfinite_features", "n_no_loss_tokens", "n_near_duplicate_rows", "n_suspected_noise",
     "warmup_steps", "selected_steps", "full_data_steps", "warmup_seconds", "features_seconds",
-    "near_duplicates_seconds", "clustering_seconds", "selection_seconds", "training_seconds", "total_seconds", "full_data_seconds",
-    "seconds_saved", "fraction_saved",
+    "near_duplicates_seconds", "clustering_seconds", "selection_seconds", "training_seconds", "total_seconds",
+    "full_data_seconds", "seconds_saved", "fraction_saved",
 )
 
 
