@@ -22,7 +22,7 @@ from .config import ClusterSelectConfig
 from .data import has_token_column, token_rows
 from .feature_cache import FeatureCache
 from .features import FEATURES
-from .features.head_tokens import resolve_head
+from .features.head_tokens import token_level_head
 from .features.proxy import truncated_layers
 from .reporting.feature_map import feature_map_points
 from .selection import (WITHIN_CLUSTER_RULES, cluster_features, relevance_scores, select_subset, select_targeted,
@@ -126,7 +126,9 @@ def select_with_model(
     """
     if config.data_fraction >= 1.0 and not merge_unclusterable:
         return keep_everything(len(lengths), clock)
-    estimate_noise = config.selection_settings.noise_share == AUTO  # "auto": the filter's share is estimated
+    estimate_noise = None  # "auto": the pool's noise is read from the feature pass (`with_noise_filter`)
+    if config.selection_settings.noise_share == AUTO:
+        estimate_noise = "replies" if token_level_head(model) else "labels"
     config = with_auto_resolved(config, model, facts.feature)
     if getattr(config.cluster_settings, "sharded", False):
         return _select_sharded_with_model(model, dataset, collator, config=config, facts=facts, lengths=lengths,
@@ -190,24 +192,22 @@ def resolved_auto_settings(config: ClusterSelectConfig, model: torch.nn.Module, 
     """`{"near_duplicate_threshold", "duplicate_weight", "noise_share"}` of `config` for `model` and its resolved
     `feature` (`RunFacts.feature`), `"auto"` resolved: the token check at 0.7 with `duplicate_weight="one"` for a
     classification head, off for a language model, a model without an output head (a user feature) and sharded
-    selection (`settings.resolve_duplicates`); the noise filter at `AUTO_NOISE_SHARE` (a noise estimate of 0.3 or
-    more from the feature pass replaces it, `with_noise_filter`) for a classification head unless the selection is
-    sharded, `target="eval"` or the feature gives no input states (a user feature), off for a language model
-    (`settings.resolve_noise_share`; with a trainer's `target_dataset` it resolves as without one, and the targeted
-    path does not run it).
+    selection (`settings.resolve_duplicates`); the noise filter at `AUTO_NOISE_SHARE` unless the selection is
+    sharded, `target="eval"` or the feature gives no input states (a user feature) (`settings.resolve_noise_share`;
+    the feature pass then reads the pool's noise, `with_noise_filter`: for a classification head an estimate of 0.3
+    or more replaces the share, for a language model the filter stays on only when 0.1 or more of the replies
+    disagree with their prompt neighbours'; with a trainer's `target_dataset` it resolves as without one, and the
+    targeted path does not run it).
 
     Raises:
         ValueError: for `noise_share` > 0 given explicitly with a feature that gives no input states.
     """
-    try:
-        token_level = resolve_head(model)[1]
-    except TypeError:
-        token_level = True
+    token_level = token_level_head(model)
     sharded = bool(getattr(config.cluster_settings, "sharded", False))
     threshold, weight = resolve_duplicates(config.selection_settings, token_level=token_level, token_check=not sharded)
     with_states = feature in FEATURES.names() and getattr(FEATURES.get(feature), "input_states", False)
-    share = resolve_noise_share(config.selection_settings, available=with_states and not token_level
-                                and not sharded and config.target is None)
+    share = resolve_noise_share(config.selection_settings, available=with_states and not sharded
+                                and config.target is None)
     if share > 0 and not with_states:
         raise ValueError(f"`noise_share`={share} needs each example's input state, which feature={feature!r} does "
                          "not give (a user feature); use a built-in feature, or noise_share=0.")

@@ -173,11 +173,13 @@ class SelectionSettings:
         noise_share (`float` or `"auto"`, defaults to `"auto"`): fraction 0–1, in [0, 1), of every cluster to treat
             as suspected label or reply noise: that share of its examples whose target agrees least with those of
             their input neighbours (`selection/noise_filter.py`, Deep k-NN, Bahri et al., ICML 2020) is deferred,
-            kept only when the budget needs them. 0 = off. `"auto"`, for a classification head where the filter can
-            run: `AUTO_NOISE_SHARE` (0.2), or the pool's estimated noise rate (`noise_filter.estimated_noise_rate`,
+            kept only when the budget needs them. 0 = off. `"auto"`, where the filter can run: for a classification
+            head `AUTO_NOISE_SHARE` (0.2), or the pool's estimated noise rate (`noise_filter.estimated_noise_rate`,
             the share of examples whose feature points against their neighbours', at most 0.5) when that is at
-            least `NOISY_POOL_RATE` (0.3); else 0: off for a language model (`resolve_noise_share`). A number is
-            used as given: set it near the pool's noise rate when known (a language model's replies). A number > 0
+            least `NOISY_POOL_RATE` (0.3); for a language model 0.2 when at least `NOISY_REPLY_SHARE` (0.1) of the
+            replies disagree with their prompt neighbours' (`noise_filter.reply_disagreement`), else 0 (off)
+            (`resolve_noise_share`). A number is used as given: set it near the pool's noise rate when known. A
+            number > 0
             is refused with a target set or sharded selection (`"auto"` turns the filter off there). The feature
             pass also keeps each example's input state (`[n_examples, 256]` at most, stored in the feature cache
             with the features). Measured in `benchmarks/README.md` ("Noisy and redundant pools").
@@ -202,8 +204,9 @@ class SelectionSettings:
     noise_share: float | str = field(default="auto", metadata={
         "help": "Fraction in [0, 1) of every cluster to defer as suspected label/reply noise: the examples whose "
                 "target agrees least with their input neighbours' (k-NN agreement); 0 = off; 'auto' = for a "
-                "classification head 0.2, or the estimated noise rate (up to 0.5) when it is 0.3 or more; 0 for a "
-                "language model, a target set, sharded selection or a user feature."})
+                "classification head 0.2, or the estimated noise rate (up to 0.5) when it is 0.3 or more; for a "
+                "language model 0.2 when 0.1 or more of the replies disagree with their prompt neighbours', else 0; "
+                "0 for a target set, sharded selection or a user feature."})
     noise_neighbors: int = field(default=10, metadata={
         "help": "Neighbours per example of the noise filter (noise_share), >= 1."})
 
@@ -317,9 +320,10 @@ AUTO_NOISE_SHARE = 0.2
 
 def resolve_noise_share(settings: SelectionSettings, *, available: bool) -> float:
     """`settings.noise_share` with `"auto"` resolved before the feature pass: `AUTO_NOISE_SHARE` where `available`
-    (the trainer's rule, `pipeline.resolved_auto_settings`: a classification head, a built-in feature, no target
-    set, not sharded; an estimate of `NOISY_POOL_RATE` or more from the pass replaces it,
-    `noise_filter.with_noise_filter`), else 0.0; a number given explicitly is kept."""
+    (the trainer's rule, `pipeline.resolved_auto_settings`: a built-in feature, no target set, not sharded; the
+    feature pass then reads the pool's noise, `noise_filter.with_noise_filter`: for a classification head an
+    estimate of `NOISY_POOL_RATE` or more replaces the share, for a language model the share stays only when
+    `reply_disagreement` is `NOISY_REPLY_SHARE` or more), else 0.0; a number given explicitly is kept."""
     if settings.noise_share == AUTO:
         return AUTO_NOISE_SHARE if available else 0.0
     return float(settings.noise_share)
@@ -330,6 +334,11 @@ def resolve_noise_share(settings: SelectionSettings, *, available: bool) -> floa
 # skill classification 0.21-0.24) and 20 Newsgroups with 40 % wrong labels (0.36-0.38) (benchmarks/README.md)
 NOISY_POOL_RATE = 0.3
 MAX_AUTO_SHARE = 0.5  # "auto" defers at most half of every cluster
+# A language model's pool looks noisy when at least this share of its replies disagree with their prompt neighbours'
+# (`noise_filter.reply_disagreement`): then `noise_share="auto"` defers `AUTO_NOISE_SHARE` of every cluster, else
+# none. Between clean MathQA (0.04-0.07) and Natural-Instructions with 40 % of replies swapped (0.13-0.14)
+# (benchmarks/README.md)
+NOISY_REPLY_SHARE = 0.1
 
 
 def resolve_reset_optimizer_state(setting: bool | str, clustering_params: dict | None) -> bool:

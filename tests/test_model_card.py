@@ -217,6 +217,12 @@ def test_suspected_noise_row_and_report_line_give_the_count_and_share():
     assert f"| Suspected noise | 3,020 | deferred: the {phrase} of each cluster" in selection_card_section(estimated)
     assert _noise_lines(estimated.to_dict()) == [
         f"suspected noise: 3020 examples deferred ({phrase} of each cluster, lowest k-NN agreement)"]
+    replies = make_report(n_suspected_noise=0, clustering_params={
+        "noise_share": 0.2, "reply_disagreement": 0.0427, "noise_share_applied": 0.0})
+    phrase = 'noise_share=0 ("auto": 0.0427 of the replies disagree with their prompt neighbours\'; 0.2 from 0.1)'
+    assert f"| Suspected noise | 0 | deferred: the {phrase} of each cluster" in selection_card_section(replies)
+    assert _noise_lines(replies.to_dict()) == [
+        f"suspected noise: 0 examples deferred ({phrase} of each cluster, lowest k-NN agreement)"]
     off = make_report()
     assert "Suspected noise" not in selection_card_section(off) and _noise_lines(off.to_dict()) == []
 

@@ -209,7 +209,7 @@ def test_auto_per_model_class(head, expected):
                                    vocab_size=50)
     settings = with_auto_resolved(ClusterSelectConfig(), getattr(transformers, head)(tiny), "badge").selection_settings
     assert (settings.near_duplicate_threshold, settings.duplicate_weight) == expected
-    assert settings.noise_share == (0.2 if expected[0] else 0.0)  # the noise filter: classification heads too
+    assert settings.noise_share == 0.2  # the noise filter: the feature pass then reads the pool (noise_filter.py)
     sharded = ClusterSelectConfig(strategy_kwargs={"sharded": True})
     settings = with_auto_resolved(sharded, getattr(transformers, head)(tiny), "badge").selection_settings
     assert (settings.near_duplicate_threshold, settings.noise_share) == (None, 0.0)

@@ -198,11 +198,11 @@ def test_the_trainer_defers_the_flagged_rows_and_reports_them(tmp_path, tiny_lm,
     np.testing.assert_array_equal(again.selection.indices, kept)
 
 
-def test_auto_turns_the_filter_on_for_a_classification_head_and_off_for_a_language_model(tmp_path, tokenizer,
-                                                                                          _tiny_lm_base, collator):
+def test_auto_runs_the_filter_for_a_classification_head_and_reads_a_language_model_pool_first(
+        tmp_path, tokenizer, _tiny_lm_base, collator):
     """`noise_share="auto"` (the default): for a classification head every cluster defers the estimated noise rate
-    (at least 0.2) of its rows, recorded with the estimate and counted in the report; nothing for a language model
-    (its recorded share is 0.0, no estimate)."""
+    (at least 0.2) of its rows, recorded with the estimate and counted in the report; for a language model 0.2 when
+    its replies read noisy (`reply_disagreement` >= 0.1), else none, recorded with the share it read."""
     import copy
 
     import tiny_assets
@@ -211,8 +211,12 @@ def test_auto_turns_the_filter_on_for_a_classification_head_and_off_for_a_langua
 
     dataset, source = near_copy_dataset(tokenizer)
     lm_trainer, lm_report = train_on(tmp_path / "lm", copy.deepcopy(_tiny_lm_base), dataset, collator)
-    assert lm_report["clustering_params"]["noise_share"] == 0.0 and lm_report["n_suspected_noise"] is None
-    assert "noise_rate_estimate" not in lm_report["clustering_params"]
+    lm_params = lm_report["clustering_params"]
+    assert lm_params["noise_share"] == 0.2 and "noise_rate_estimate" not in lm_params
+    applied = 0.2 if lm_params["reply_disagreement"] >= 0.1 else 0.0
+    assert lm_params["noise_share_applied"] == applied
+    assert lm_report["n_suspected_noise"] == sum(int(np.floor(round(applied * m, 6) + 0.5))
+                                                 for m in lm_report["cluster_sizes"])
     labelled = dataset.remove_columns("labels").add_column("labels", [int(s % 3) for s in source])
     torch.manual_seed(0)
     model = LlamaForSequenceClassification(tiny_assets.llama_config(len(tokenizer), num_labels=3,
@@ -249,7 +253,7 @@ def _badge_like(n_per_class: int, noisy: int, seed: int = 0) -> tuple[np.ndarray
 @pytest.mark.parametrize("noisy, rate, applied", [(0, 0.0, 0.2), (5, 0.25, 0.2), (6, 0.3, 0.3), (8, 0.4, 0.4)])
 def test_the_estimated_noise_rate_is_the_share_of_rows_against_their_neighbours(noisy, rate, applied):
     """A relabelled row's BADGE feature points against its neighbours' (agreement < 0): the estimate is the planted
-    rate; `with_noise_filter(estimate=True)` then flags that share of every cluster when it is at least 0.3 (a pool
+    rate; `with_noise_filter(estimate="labels")` then flags that share of every cluster when it is at least 0.3 (a pool
     that looks noisy), else the configured 0.2, and records both."""
     from hf_cluster_select.selection.noise_filter import estimated_noise_rate, with_noise_filter
     from hf_cluster_select.settings import SelectionSettings
@@ -261,7 +265,7 @@ def test_the_estimated_noise_rate_is_the_share_of_rows_against_their_neighbours(
     result = ClusteringResult(labels=labels, raw_labels=labels, reduced=np.zeros((60, 2)), n_clusters=3,
                               method="fine_kmeans")
     settings = SelectionSettings(noise_share=0.2, noise_neighbors=19)
-    out, suspected = with_noise_filter(result, inputs, features, settings, seed=0, estimate=True)
+    out, suspected = with_noise_filter(result, inputs, features, settings, seed=0, estimate="labels")
     assert out.params["noise_rate_estimate"] == pytest.approx(rate)
     assert out.params["noise_share_applied"] == pytest.approx(applied)
     assert out.params["n_suspected_noise"] == suspected.sum() == 3 * round(applied * 20)
@@ -272,6 +276,54 @@ def test_the_estimated_noise_rate_is_the_share_of_rows_against_their_neighbours(
     assert estimated_noise_rate(np.full(3, np.inf)) == 0.0
     with pytest.raises(ValueError, match="agreement"):
         estimated_noise_rate(np.zeros((2, 2)))
+
+
+def _replies_like(n_per_skill: int, swapped: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """4 skills: prompts (input states) near e_s, and `hidden_mean`-like reply features that share one large
+    component (10 · e_0 of the feature space) plus their skill's direction; the first `swapped` rows of every skill
+    carry the next skill's reply. Returns (inputs [n, 4], features [n, 6], swapped [n] bool)."""
+    rng = np.random.default_rng(seed)
+    inputs, features, flags = [], [], []
+    for s in range(4):
+        for i in range(n_per_skill):
+            reply = (s + 1) % 4 if i < swapped else s
+            inputs.append(np.eye(4)[s] + 0.05 * rng.standard_normal(4))
+            features.append(10.0 * np.eye(6)[0] + np.eye(6)[reply + 1] + 0.05 * rng.standard_normal(6))
+            flags.append(i < swapped)
+    return np.array(inputs), np.array(features), np.array(flags)
+
+
+@pytest.mark.parametrize("swapped, applied", [(0, 0.0), (1, 0.0), (2, 0.2), (4, 0.2)])
+def test_a_language_model_pool_is_read_noisy_from_its_centred_reply_features(swapped, applied):
+    """Every raw `hidden_mean`-like feature agrees with its neighbours' (the shared component), so the label estimate
+    reads 0; centred on the pool's mean, a swapped reply points against its prompt neighbours' replies:
+    `reply_disagreement` is the planted share, and `with_noise_filter(estimate="replies")` keeps the configured share
+    from `NOISY_REPLY_SHARE` (0.1) on and turns the filter off below it."""
+    from hf_cluster_select.selection.noise_filter import (estimated_noise_rate, reply_disagreement,
+                                                          with_noise_filter)
+    from hf_cluster_select.settings import NOISY_REPLY_SHARE, SelectionSettings
+
+    inputs, features, flags = _replies_like(20, swapped)
+    assert estimated_noise_rate(neighbour_agreement(inputs, features, neighbors=19)) == 0.0
+    assert reply_disagreement(inputs, features, neighbors=19) == pytest.approx(swapped / 20)
+    labels = np.repeat(np.arange(4), 20)
+    result = ClusteringResult(labels=labels, raw_labels=labels, reduced=np.zeros((80, 2)), n_clusters=4,
+                              method="fine_kmeans")
+    out, suspected = with_noise_filter(result, inputs, features, SelectionSettings(noise_share=0.2, noise_neighbors=19),
+                                       seed=0, estimate="replies")
+    assert out.params["reply_disagreement"] == pytest.approx(swapped / 20)
+    assert (out.params["noise_share_applied"] >= NOISY_REPLY_SHARE) == (swapped / 20 >= NOISY_REPLY_SHARE)
+    assert out.params["noise_share_applied"] == applied and "noise_rate_estimate" not in out.params
+    assert out.params["n_suspected_noise"] == suspected.sum() == 4 * round(applied * 20)
+    # on: every swapped row is among the deferred; off: nothing is deferred
+    assert suspected[flags].all() if applied else not suspected.any()
+    rows_without_state = inputs.copy()
+    rows_without_state[:2] = 0.0  # no loss-bearing token: left out of the mean and of the estimate
+    assert reply_disagreement(rows_without_state[:2], features[:2]) == 0.0
+    with pytest.raises(ValueError, match="estimate"):
+        with_noise_filter(result, inputs, features, SelectionSettings(), seed=0, estimate="yes")
+    with pytest.raises(ValueError, match="features"):
+        reply_disagreement(inputs, features[:5])
 
 
 def test_the_estimate_is_capped_at_half_of_every_cluster():
@@ -285,7 +337,7 @@ def test_the_estimate_is_capped_at_half_of_every_cluster():
     result = ClusteringResult(labels=labels, raw_labels=labels, reduced=np.zeros((60, 2)), n_clusters=3,
                               method="fine_kmeans")
     out, suspected = with_noise_filter(result, inputs, features, SelectionSettings(noise_share=0.2, noise_neighbors=19),
-                                       seed=0, estimate=True)
+                                       seed=0, estimate="labels")
     assert out.params["noise_rate_estimate"] > MAX_AUTO_SHARE == out.params["noise_share_applied"] == 0.5
     assert suspected.sum() == 30
 

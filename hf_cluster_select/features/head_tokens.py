@@ -130,6 +130,15 @@ def resolve_head(model: torch.nn.Module) -> tuple[torch.nn.Module, bool]:
     return _resolve_head(model), token_level
 
 
+def token_level_head(model: torch.nn.Module) -> bool:
+    """Whether `model`'s head is token-level (`resolve_head`: a language model's output embeddings); True also for a
+    model without an output head (nothing to read per-class signals from)."""
+    try:
+        return resolve_head(model)[1]
+    except TypeError:
+        return True
+
+
 def _targets(labels: torch.Tensor | None, inputs: dict, shift: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows, head positions `[k]` and targets `[k]` of the loss-bearing tokens of a token-level batch."""
     if labels is None:
