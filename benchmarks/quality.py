@@ -175,7 +175,8 @@ def run_arm(task, arm: str, fraction: float, seed: int, out_dir: str, curve: boo
     if config is not None:
         report = trainer.selection_report
         cell.update(n_clusters=report.n_clusters, selection_seconds=report.selection_seconds,
-                    **{k: v for k, v in report.clustering_params.items() if k.startswith("noise_")})
+                    **{k: v for k, v in report.clustering_params.items()
+                       if k.startswith("noise_") or k == "reply_disagreement"})
         cell["_rows"] = np.asarray(indices)  # for a selection_same_steps arm of this run; not written
     if epoch_curve is not None:
         cell["curve"] = epoch_curve.values
