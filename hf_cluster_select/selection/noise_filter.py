@@ -11,10 +11,11 @@ reply swapped from another task has low agreement.
 
 `ClusterSelectConfig(strategy_kwargs={"noise_share": s})` defers, in every cluster, its share `s` of lowest agreement
 (`with_noise_filter`): they are kept only when the budget cannot be met without them (`select.select_from_labels`'s
-`deferred`). The default `"auto"` is off for a language model (`pipeline.resolved_auto_settings`); for a
-classification head it is `AUTO_NOISE_SHARE` (0.2), or, when the pool looks noisy (`estimated_noise_rate`, the share
-of examples whose feature points against their neighbours', at least `NOISY_POOL_RATE` = 0.3), that estimate (at most
-`MAX_AUTO_SHARE`, 0.5). Measured in `benchmarks/README.md` ("Noisy and redundant pools", the noise filter) and
+`deferred`). The default `"auto"` (`pipeline.resolved_auto_settings`) is, for a classification head,
+`AUTO_NOISE_SHARE` (0.2), or, when the pool looks noisy (`estimated_noise_rate`, the share of examples whose feature
+points against their neighbours', at least `NOISY_POOL_RATE` = 0.3), that estimate (at most `MAX_AUTO_SHARE`, 0.5);
+for a language model 0.2 when its replies look noisy (`reply_disagreement` at least `NOISY_REPLY_SHARE` = 0.1), else
+off. Measured in `benchmarks/README.md` ("Noisy and redundant pools", the noise filter) and
 `docs/configuration.md` ("Noisy labels and replies").
 """
 
@@ -153,7 +154,8 @@ def estimated_noise_rate(agreement: Any) -> float:
     example among correctly labelled neighbours falls below 0. Measured after the warm-up (`benchmarks/README.md`,
     the noise filter): 0.11 on clean 20 Newsgroups, 0.25 / 0.38 with 20 / 40 % of its labels replaced, 0.07 with 60 %
     duplicated rows; 0.22 / 0.34 / 0.42 on skill classification (`niclass`) clean / 20 / 40 %. A language model's
-    `hidden_mean` features all point one way (agreement 0.8–1.0), so it estimates 0 there.
+    `hidden_mean` features all point one way (agreement 0.8–1.0), so it estimates 0 there: `reply_disagreement` reads
+    them centred.
 
     Args:
         agreement (array-like of shape `[n_examples]`): `neighbour_agreement`'s output (`inf` rows are left out).

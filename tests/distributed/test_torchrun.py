@@ -108,10 +108,10 @@ def test_features_are_sharded_and_selection_identical_on_every_rank(job, scenari
         for record in records:  # each rank computed its own strided shard, once
             assert record["feature_indices"] == [list(range(record["rank"], n, world))], scenario
             assert record["selection"] == records[0]["selection"], scenario  # bit-identical (JSON floats are exact)
-            # the feature matrix (and with the noise filter its input states) go to rank 0 only: the other ranks
-            # never hold more than their shard's rows
+            # the feature matrix (and with the noise filter, on by default and off in the paper preset, its input
+            # states) go to rank 0 only: the other ranks never hold more than their shard's rows
             to_rank0 = [call for call in record["gathered"] if call["dst"] == 0]
-            assert len(to_rank0) == (2 if scenario == "select0" else 1), scenario
+            assert len(to_rank0) == (1 if scenario == "paper" else 2), scenario
             shard = len(range(record["rank"], n, world))
             for matrix in to_rank0:
                 assert matrix["sent"][0] == shard, scenario
