@@ -179,10 +179,9 @@ class SelectionSettings:
             least `NOISY_POOL_RATE` (0.3); for a language model 0.2 when at least `NOISY_REPLY_SHARE` (0.1) of the
             replies disagree with their prompt neighbours' (`noise_filter.reply_disagreement`), else 0 (off)
             (`resolve_noise_share`). A number is used as given: set it near the pool's noise rate when known. A
-            number > 0
-            is refused with a target set or sharded selection (`"auto"` turns the filter off there). The feature
-            pass also keeps each example's input state (`[n_examples, 256]` at most, stored in the feature cache
-            with the features). Measured in `benchmarks/README.md` ("Noisy and redundant pools").
+            number > 0 is refused with a target set or sharded selection (`"auto"` turns the filter off there). The
+            feature pass also keeps each example's input state (`[n_examples, 256]` at most, stored in the feature
+            cache with the features). Measured in `benchmarks/README.md` ("Noisy and redundant pools").
         noise_neighbors (`int`, defaults to `10`): neighbours per example of the noise filter, >= 1.
     Raises:
         ValueError: for an unknown quota or duplicate weight, a threshold outside (0, 1], a `noise_share` outside
@@ -336,7 +335,7 @@ NOISY_POOL_RATE = 0.3
 MAX_AUTO_SHARE = 0.5  # "auto" defers at most half of every cluster
 # A language model's pool looks noisy when at least this share of its replies disagree with their prompt neighbours'
 # (`noise_filter.reply_disagreement`): then `noise_share="auto"` defers `AUTO_NOISE_SHARE` of every cluster, else
-# none. Between clean MathQA (0.04-0.07) and Natural-Instructions with 40 % of replies swapped (0.13-0.14)
+# none. Between clean MathQA (0.04-0.07) and Natural-Instructions with 40 % of replies swapped (0.125-0.135)
 # (benchmarks/README.md)
 NOISY_REPLY_SHARE = 0.1
 

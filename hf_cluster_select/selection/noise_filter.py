@@ -179,9 +179,10 @@ def reply_disagreement(inputs: Any, features: Any, *, neighbors: int = Selection
 
     The `hidden_mean` features of a language model share one large component (raw agreement 0.8–1.0 on every pool),
     so the sign is read after subtracting the mean over the examples with an input state. It finds about a third of
-    the swapped replies (Natural-Instructions SFT after the warm-up: 0.00 clean, 0.06 with 20 % of replies swapped,
-    0.13–0.14 with 40 %, under 0.01 with 60 % duplicated rows) and 0.04–0.07 on clean MathQA, whose solutions differ
-    more from one problem to the next (`benchmarks/README.md`, the noise filter); `NOISY_REPLY_SHARE` sits between.
+    the swapped replies (Natural-Instructions SFT after the warm-up: 0.00 clean, 0.06 with 20 % of replies
+    swapped, 0.125–0.135 with 40 %, under 0.01 with 60 % duplicated rows) and 0.04–0.07 on clean MathQA, whose
+    solutions differ more from one problem to the next (`benchmarks/README.md`, the noise filter);
+    `NOISY_REPLY_SHARE` sits between.
 
     Args:
         inputs (array-like of shape `[n_examples, r]`): input states (`neighbour_agreement`).
