@@ -219,10 +219,15 @@ def test_suspected_noise_row_and_report_line_give_the_count_and_share():
         f"suspected noise: 3020 examples deferred ({phrase} of each cluster, lowest k-NN agreement)"]
     replies = make_report(n_suspected_noise=0, clustering_params={
         "noise_share": 0.2, "reply_disagreement": 0.0427, "noise_share_applied": 0.0})
-    phrase = 'noise_share=0 ("auto": 0.0427 of the replies disagree with their prompt neighbours\'; 0.2 from 0.1)'
+    phrase = ('noise_share=0 ("auto": 0.0427 of the replies disagree with their prompt neighbours\', under 0.1: the '
+              'filter is off; 0.2 from 0.1)')
     assert f"| Suspected noise | 0 | deferred: the {phrase} of each cluster" in selection_card_section(replies)
     assert _noise_lines(replies.to_dict()) == [
         f"suspected noise: 0 examples deferred ({phrase} of each cluster, lowest k-NN agreement)"]
+    from hf_cluster_select.reporting.settings_text import noise_settings
+    assert noise_settings({"noise_share": 0.2, "reply_disagreement": 0.1125, "noise_share_applied": 0.2}) == (
+        'noise_share=0.2 ("auto": 0.1125 of the replies disagree with their prompt neighbours\', at least 0.1: the '
+        'filter is on; 0.2 from 0.1)')
     off = make_report()
     assert "Suspected noise" not in selection_card_section(off) and _noise_lines(off.to_dict()) == []
 

@@ -18,14 +18,16 @@ def duplicate_settings(params: dict) -> str:
 def noise_settings(params: dict) -> str:
     """The noise filter's share as it ran, e.g. `noise_share=0.2`; when `"auto"` estimated the noise rate
     `noise_share=0.38 ("auto": the estimated noise rate 0.38 is used from 0.3, at most 0.5; 0.2 below 0.3)`; for a
-    language model `noise_share=0 ("auto": 0.04 of the replies disagree with their prompt neighbours'; 0.2 from
-    0.1)`."""
+    language model `noise_share=0 ("auto": 0.04 of the replies disagree with their prompt neighbours', under 0.1:
+    the filter is off; 0.2 from 0.1)`."""
     if params.get("noise_share_applied") is None:
         return f"noise_share={params.get('noise_share')}"
     if params.get("reply_disagreement") is not None:
-        return (f"noise_share={params['noise_share_applied']:g} (\"auto\": {params['reply_disagreement']:g} of the "
-                f"replies disagree with their prompt neighbours'; {params.get('noise_share'):g} from "
-                f"{NOISY_REPLY_SHARE:g})")
+        reading = params["reply_disagreement"]
+        verdict = (f"at least {NOISY_REPLY_SHARE:g}: the filter is on" if params["noise_share_applied"] > 0
+                   else f"under {NOISY_REPLY_SHARE:g}: the filter is off")
+        return (f"noise_share={params['noise_share_applied']:g} (\"auto\": {reading:g} of the replies disagree with "
+                f"their prompt neighbours', {verdict}; {params.get('noise_share'):g} from {NOISY_REPLY_SHARE:g})")
     return (f"noise_share={params['noise_share_applied']:g} (\"auto\": the estimated noise rate "
             f"{params.get('noise_rate_estimate'):g} is used from {NOISY_POOL_RATE:g}, at most {MAX_AUTO_SHARE:g}; "
             f"{params.get('noise_share'):g} below {NOISY_POOL_RATE:g})")
