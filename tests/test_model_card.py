@@ -200,34 +200,31 @@ def test_no_local_base_model_in_any_saved_card(tmp_path, tokenizer, _tiny_lm_bas
     assert without_local_base_model(hub) == hub  # Hub ids stay
 
 
-def test_suspected_noise_row_and_report_line_give_the_count_and_share():
-    """The noise filter's count and the share it deferred, in the card and in `hf-cluster-select report`'s lines; no
-    row or line when the filter did not run."""
+@pytest.mark.parametrize("count, params, phrase", [
+    (1538, {"noise_share": 0.2}, "noise_share=0.2"),
+    (3020, {"noise_share": 0.2, "noise_rate_estimate": 0.3791, "noise_share_applied": 0.3791},
+     'noise_share=0.3791 ("auto": the estimated noise rate 0.3791 is used from 0.3, at most 0.5; 0.2 below 0.3)'),
+    (0, {"noise_share": 0.2, "reply_disagreement": 0.0427, "noise_share_applied": 0.0},
+     'noise_share=0 ("auto": 0.0427 of the replies disagree with their prompt neighbours\', under 0.1: the filter is '
+     'off; 0.2 from 0.1)'),
+    (16, {"noise_share": 0.2, "reply_disagreement": 0.1125, "noise_share_applied": 0.2},
+     'noise_share=0.2 ("auto": 0.1125 of the replies disagree with their prompt neighbours\', at least 0.1: the '
+     'filter is on; 0.2 from 0.1)')])
+def test_suspected_noise_row_and_report_line_give_the_count_and_share(count, params, phrase):
+    """The noise filter's count and the share it deferred, as given, as a classification head's estimate set it, or
+    as a language model's reading turned it off or on, in the card and in `hf-cluster-select report`'s lines."""
     from hf_cluster_select.commands import _noise_lines
 
-    report = make_report(n_suspected_noise=1538, clustering_params={"noise_share": 0.2})
-    section = selection_card_section(report)
-    assert "| Suspected noise | 1,538 | deferred: the noise_share=0.2 of each cluster" in section
+    report = make_report(n_suspected_noise=count, clustering_params=params)
+    assert f"| Suspected noise | {count:,} | deferred: the {phrase} of each cluster" in selection_card_section(report)
     assert _noise_lines(report.to_dict()) == [
-        "suspected noise: 1538 examples deferred (noise_share=0.2 of each cluster, lowest k-NN agreement)"]
-    estimated = make_report(n_suspected_noise=3020, clustering_params={
-        "noise_share": 0.2, "noise_rate_estimate": 0.3791, "noise_share_applied": 0.3791})
-    phrase = ('noise_share=0.3791 ("auto": the estimated noise rate 0.3791 is used from 0.3, at most 0.5; 0.2 '
-              'below 0.3)')
-    assert f"| Suspected noise | 3,020 | deferred: the {phrase} of each cluster" in selection_card_section(estimated)
-    assert _noise_lines(estimated.to_dict()) == [
-        f"suspected noise: 3020 examples deferred ({phrase} of each cluster, lowest k-NN agreement)"]
-    replies = make_report(n_suspected_noise=0, clustering_params={
-        "noise_share": 0.2, "reply_disagreement": 0.0427, "noise_share_applied": 0.0})
-    phrase = ('noise_share=0 ("auto": 0.0427 of the replies disagree with their prompt neighbours\', under 0.1: the '
-              'filter is off; 0.2 from 0.1)')
-    assert f"| Suspected noise | 0 | deferred: the {phrase} of each cluster" in selection_card_section(replies)
-    assert _noise_lines(replies.to_dict()) == [
-        f"suspected noise: 0 examples deferred ({phrase} of each cluster, lowest k-NN agreement)"]
-    from hf_cluster_select.reporting.settings_text import noise_settings
-    assert noise_settings({"noise_share": 0.2, "reply_disagreement": 0.1125, "noise_share_applied": 0.2}) == (
-        'noise_share=0.2 ("auto": 0.1125 of the replies disagree with their prompt neighbours\', at least 0.1: the '
-        'filter is on; 0.2 from 0.1)')
+        f"suspected noise: {count} examples deferred ({phrase} of each cluster, lowest k-NN agreement)"]
+
+
+def test_no_suspected_noise_row_or_line_when_the_filter_did_not_run():
+    """No "Suspected noise" row or report line without `n_suspected_noise` (the filter did not run)."""
+    from hf_cluster_select.commands import _noise_lines
+
     off = make_report()
     assert "Suspected noise" not in selection_card_section(off) and _noise_lines(off.to_dict()) == []
 
