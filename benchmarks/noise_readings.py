@@ -33,7 +33,7 @@ import quality_tasks  # noqa: E402
 from bench_io import write_json  # noqa: E402
 
 from hf_cluster_select import ClusterTrainer, pipeline  # noqa: E402
-from hf_cluster_select.selection.noise_filter import neighbour_agreement  # noqa: E402
+from hf_cluster_select.selection.noise_filter import centred_features, neighbour_agreements  # noqa: E402
 
 
 class _StopAfterSelection(TrainerCallback):
@@ -81,10 +81,8 @@ def reading(task, seed: int, fraction: float, out_dir: str) -> dict:
     if captured:
         u, f = captured["inputs"], captured["features"]
         present = np.abs(u).sum(axis=1) > 0
-        centred = f.copy()
-        centred[present] -= f[present].mean(axis=0)
-        for name, values in (("raw", f), ("centred", centred)):
-            agreement = neighbour_agreement(u, values, neighbors=captured["neighbors"], seed=seed)
+        agreements = neighbour_agreements(u, [f, centred_features(u, f)], neighbors=captured["neighbors"], seed=seed)
+        for name, agreement in zip(("raw", "centred"), agreements):
             hit = corrupted[present]
             cell[f"auroc_{name}"] = (float(roc_auc_score(hit, -agreement[present])) if 0 < hit.sum() < hit.size
                                      else None)  # lower agreement = more likely corrupted

@@ -326,6 +326,27 @@ def test_a_language_model_pool_is_read_noisy_from_its_centred_reply_features(swa
         reply_disagreement(inputs, features[:5])
 
 
+def test_one_neighbour_search_serves_several_feature_sets():
+    """`neighbour_agreements` (what `with_noise_filter` runs for a language model: raw and centred features) gives,
+    per set, exactly `neighbour_agreement`'s values, with a sampled reference and rows without an input state."""
+    from hf_cluster_select.selection.noise_filter import centred_features, neighbour_agreements
+
+    rng = np.random.default_rng(3)
+    inputs, features = rng.standard_normal((60, 5)), rng.standard_normal((60, 7)) + 4.0
+    inputs[[4, 9]] = 0.0  # no input state: inf, and left out of the centring mean
+    centred = centred_features(inputs, features)
+    np.testing.assert_allclose(centred[inputs.any(axis=1)].mean(axis=0), 0.0, atol=1e-12)
+    np.testing.assert_array_equal(centred[[4, 9]], features[[4, 9]])
+    both = neighbour_agreements(inputs, [features, centred], neighbors=6, seed=1, reference_rows=25)
+    for values, alone in zip(both, (features, centred)):
+        np.testing.assert_array_equal(values, neighbour_agreement(inputs, alone, neighbors=6, seed=1,
+                                                                  reference_rows=25))
+    assert np.isinf(both[0][[4, 9]]).all() and np.isfinite(np.delete(both[0], [4, 9])).all()
+    assert (both[0] > 0.5).mean() > 0.9 > (both[1] > 0.5).mean()  # the shared offset agrees; centred, it does not
+    with pytest.raises(ValueError, match="features"):
+        neighbour_agreements(inputs, [features, features[:5]])
+
+
 def test_the_estimate_is_capped_at_half_of_every_cluster():
     """`"auto"` never defers more than `MAX_AUTO_SHARE` (half) of a cluster, however noisy the pool looks."""
     from hf_cluster_select.selection.noise_filter import MAX_AUTO_SHARE, with_noise_filter

@@ -75,35 +75,61 @@ def neighbour_agreement(inputs: Any, features: Any, *, neighbors: int = Selectio
         ValueError: for misshapen or non-finite inputs, or `neighbors` / `reference_rows` < 1.
         TypeError: if `neighbors` or `reference_rows` is not an int.
     """
+    return neighbour_agreements(inputs, [features], neighbors=neighbors, seed=seed, reference_rows=reference_rows)[0]
+
+
+def neighbour_agreements(inputs: Any, feature_sets: list[Any], *, neighbors: int = SelectionSettings.noise_neighbors,
+                         seed: int = ClusterSelectConfig.selection_seed,
+                         reference_rows: int = REFERENCE_ROWS) -> list[np.ndarray]:
+    """`neighbour_agreement` of every array of `feature_sets` (each `[n_examples, dim_j]`) over one search of the
+    input neighbours: the search (`n · reference_rows · r` multiply-adds) is the cost, shared by the sets. Arguments,
+    returns (one array per set) and errors as `neighbour_agreement`."""
     for name, value in (("neighbors", neighbors), ("reference_rows", reference_rows)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"`{name}` must be an int >= 1, got {value!r}.")
         if value < 1:
             raise ValueError(f"`{name}` must be an int >= 1, got {value}.")
     u = _unit_rows(inputs, "inputs")
-    f = _unit_rows(features, "features", u.shape[0])
+    sets = [_unit_rows(features, "features", u.shape[0]) for features in feature_sets]
     n = u.shape[0]
     present = np.flatnonzero(np.abs(u).sum(axis=1) > 0)
     reference = present
     if reference.size > reference_rows:
         reference = np.sort(np.random.default_rng(seed).choice(present, size=reference_rows, replace=False))
-    agreement = np.full(n, np.inf)
+    agreements = [np.full(n, np.inf) for _ in sets]
     k = min(int(neighbors), reference.size - 1) if reference.size > 1 else 0
     if k < 1:
-        return agreement
-    u_ref, f_ref = u[reference], f[reference]
+        return agreements
+    u_ref = u[reference]
     slot = np.full(n, -1)
     slot[reference] = np.arange(reference.size)
-    chunk = max(1, CHUNK_VALUES // (reference.size + k * f.shape[1]))
+    chunk = max(1, CHUNK_VALUES // (reference.size + k * max(f.shape[1] for f in sets)))
     for start in range(0, present.size, chunk):
         rows = present[start:start + chunk]
         similarity = u[rows] @ u_ref.T  # [c, m]
         own = slot[rows]
         has_own = own >= 0
         similarity[np.flatnonzero(has_own), own[has_own]] = -np.inf  # an example is not its own neighbour
-        nearest = np.argpartition(-similarity, k - 1, axis=1)[:, :k]  # [c, k] positions in the reference
-        agreement[rows] = np.einsum("cd,ckd->c", f[rows], f_ref[nearest]) / k
-    return agreement
+        nearest = reference[np.argpartition(-similarity, k - 1, axis=1)[:, :k]]  # [c, k] example indices
+        for f, agreement in zip(sets, agreements):  # one [c, k, dim] gather at a time
+            agreement[rows] = np.einsum("cd,ckd->c", f[rows], f[nearest]) / k
+    return agreements
+
+
+def centred_features(inputs: Any, features: Any) -> np.ndarray:
+    """`features` `[n_examples, dim]` as float64 minus their mean over the examples with an input state (a nonzero
+    row of `inputs` `[n_examples, r]`); the others' rows stay as they are (they take no part in the agreement).
+
+    Raises:
+        ValueError: for misshapen or non-finite inputs (as `neighbour_agreement`).
+    """
+    u = _unit_rows(inputs, "inputs")
+    _unit_rows(features, "features", u.shape[0])  # shape and finiteness
+    centred = np.array(features, dtype=np.float64)
+    present = np.abs(u).sum(axis=1) > 0
+    if present.any():
+        centred[present] -= centred[present].mean(axis=0)
+    return centred
 
 
 def suspected_noise(agreement: Any, share: float, clusters: Any = None) -> np.ndarray:
@@ -194,14 +220,8 @@ def reply_disagreement(inputs: Any, features: Any, *, neighbors: int = Selection
     Raises:
         ValueError: for misshapen or non-finite inputs (`neighbour_agreement`).
     """
-    u = _unit_rows(inputs, "inputs")
-    _unit_rows(features, "features", u.shape[0])  # shape and finiteness
-    f = np.array(features, dtype=np.float64)
-    present = np.abs(u).sum(axis=1) > 0
-    if present.sum() < 2:
-        return 0.0
-    f[present] -= f[present].mean(axis=0)
-    return estimated_noise_rate(neighbour_agreement(u, f, neighbors=neighbors, seed=seed))
+    return estimated_noise_rate(neighbour_agreement(inputs, centred_features(inputs, features), neighbors=neighbors,
+                                                    seed=seed))
 
 
 def with_noise_filter(result: ClusteringResult, inputs: Any, features: Any, settings: SelectionSettings,
@@ -222,14 +242,15 @@ def with_noise_filter(result: ClusteringResult, inputs: Any, features: Any, sett
         raise ValueError(f"`estimate` must be None, 'labels' or 'replies', got {estimate!r}.")
     if inputs is None:
         return result, None
-    agreement = neighbour_agreement(inputs, features, neighbors=settings.noise_neighbors, seed=seed)
+    feature_sets = [features] + ([centred_features(inputs, features)] if estimate == "replies" else [])
+    agreement, *centred = neighbour_agreements(inputs, feature_sets, neighbors=settings.noise_neighbors, seed=seed)
     share, params = float(settings.noise_share), {}
     if estimate == "labels":
         rate = estimated_noise_rate(agreement)
         share = min(rate, MAX_AUTO_SHARE) if rate >= NOISY_POOL_RATE else share
         params = {"noise_rate_estimate": round(rate, 4), "noise_share_applied": round(share, 4)}
     elif estimate == "replies":
-        disagreeing = reply_disagreement(inputs, features, neighbors=settings.noise_neighbors, seed=seed)
+        disagreeing = estimated_noise_rate(centred[0])  # `reply_disagreement`, over the same neighbour search
         share = share if disagreeing >= NOISY_REPLY_SHARE else 0.0
         params = {"reply_disagreement": round(disagreeing, 4), "noise_share_applied": round(share, 4)}
     suspected = suspected_noise(agreement, share, result.labels)
