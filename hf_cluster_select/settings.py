@@ -163,7 +163,7 @@ class SelectionSettings:
             0.7 for a classification head, 0.85 for a language model (rows sharing a long prompt merge only where it
             is about 11× longer than the rest), `None` without an output head or sharded. Measured
             (`benchmarks/README.md`, "Noisy and redundant pools"): with 60 % duplicated rows, with
-            `duplicate_weight="one"`, it beat the selection without it at f = 0.1 on every seed of three tasks.
+            `duplicate_weight="one"`, it beat the selection without it at f = 0.1 on every seed of four tasks.
         duplicate_weight (`str`, defaults to `"auto"`): what a duplicate group's kept copy stands for: `"group"` =
             all its copies (its weight × the group's size: repetition kept as part of the mixture), `"one"` = itself
             (the copies' mass is dropped and the weights rescaled to sum to n, as SemDeDup drops them); `"auto"` =
