@@ -176,37 +176,26 @@ def test_settings_default_to_auto_and_are_validated_with_their_names():
         ClusterSelectConfig(strategy_kwargs={"duplicate_weight": "all"})
 
 
-@pytest.mark.parametrize("given, head, token_check, expected", [
-    ({}, "classification", True, (0.7, "one")),  # a classification head: the measured check
-    ({}, "language_model", True, (0.85, "one")),  # a language model: higher, its rows share long prompts
-    ({}, None, True, (None, "group")),  # no output head (a user feature): rows may share a long context
-    ({}, "classification", False, (None, "group")),  # sharded selection / no examples: no token check there
-    ({}, "language_model", False, (None, "group")),
-    ({"near_duplicate_threshold": 0.9}, "classification", True, (0.9, "group")),  # a given threshold: old weight
-    ({"near_duplicate_threshold": 0.9}, "language_model", True, (0.9, "group")),
-    ({"near_duplicate_threshold": None}, "classification", True, (None, "group")),
-    ({"duplicate_weight": "group"}, "classification", True, (0.7, "group")),
-    ({"duplicate_weight": "group"}, "language_model", True, (0.85, "group")),
-    ({"duplicate_weight": "one"}, None, True, (None, "one")),
+@pytest.mark.parametrize("given, token_level, token_check, expected", [
+    ({}, False, True, (0.7, "one")),  # a classification head: the measured check
+    ({}, True, True, (None, "group")),  # a language model: rows share long prompts
+    ({}, False, False, (None, "group")),  # sharded selection / no examples: no token check there
+    ({"near_duplicate_threshold": 0.9}, False, True, (0.9, "group")),  # a given threshold keeps the old weight
+    ({"near_duplicate_threshold": 0.9}, True, True, (0.9, "group")),
+    ({"near_duplicate_threshold": None}, False, True, (None, "group")),
+    ({"duplicate_weight": "group"}, False, True, (0.7, "group")),
+    ({"duplicate_weight": "one"}, True, True, (None, "one")),
 ])
-def test_auto_resolves_per_head(given, head, token_check, expected):
+def test_auto_resolves_per_head(given, token_level, token_check, expected):
     from hf_cluster_select.settings import resolve_duplicates
 
     settings = ClusterSelectConfig(strategy_kwargs=given).selection_settings
-    assert resolve_duplicates(settings, head=head, token_check=token_check) == expected
-
-
-def test_an_unknown_head_is_refused():
-    from hf_cluster_select.settings import resolve_duplicates
-
-    with pytest.raises(ValueError, match=r"`head` must be one of \['classification', 'language_model', None\], "
-                                         r"got 'lm'"):
-        resolve_duplicates(ClusterSelectConfig().selection_settings, head="lm")
+    assert resolve_duplicates(settings, token_level=token_level, token_check=token_check) == expected
 
 
 @pytest.mark.parametrize("head, expected", [
     ("BertForSequenceClassification", (0.7, "one")), ("BertForTokenClassification", (0.7, "one")),
-    ("BertForMultipleChoice", (0.7, "one")), ("BertForMaskedLM", (0.85, "one")),
+    ("BertForMultipleChoice", (0.7, "one")), ("BertForMaskedLM", (None, "group")),
     ("BertForQuestionAnswering", (None, "group")), ("BertModel", (None, "group")),
 ])
 def test_auto_per_model_class(head, expected):
@@ -250,25 +239,24 @@ def test_command_line_options_set_them(tmp_path, capsys):
 
 
 # ---- ClusterTrainer ---------------------------------------------------------------------------------------------
-def near_copy_dataset(tokenizer, length: int = 40):
-    """40 sources of `length` words (so `length` tokens) and 4 near copies of each of the first 8 (one word
-    changed, at 1/5, 2/5, 3/5 or 4/5 of the row), shuffled: 72 examples and the source of every one. A copy's token
-    3-gram Jaccard with its source: 0.85 at 40 tokens, 0.93 at 80."""
+def near_copy_dataset(tokenizer):
+    """40 sources of 40 words (so 40 tokens) and 4 near copies of each of the first 8 (one word changed, at
+    position 8, 16, 24 or 32), shuffled: 72 examples and the source of every one."""
     from datasets import Dataset
     from tiny_assets import WORDS
 
     rng = random.Random(0)
-    sources = [[rng.choice(WORDS) for _ in range(length)] for _ in range(40)]
+    sources = [[rng.choice(WORDS) for _ in range(40)] for _ in range(40)]
     rows = [(words, source) for source, words in enumerate(sources)]
     for source in range(8):
-        for position in (length // 5, 2 * length // 5, 3 * length // 5, 4 * length // 5):
+        for position in (8, 16, 24, 32):
             words = list(sources[source])
             words[position] = next(w for w in WORDS if w != words[position])
             rows.append((words, source))
     rng.shuffle(rows)
     ids = tokenizer([" ".join(words) for words, _ in rows])["input_ids"]
-    assert {len(i) for i in ids} == {length}
-    dataset = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * length for _ in ids],
+    assert {len(i) for i in ids} == {40}
+    dataset = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * 40 for _ in ids],
                                  "labels": [[-100, -100] + i[2:] for i in ids]})
     return dataset, np.array([source for _, source in rows])
 
@@ -289,7 +277,8 @@ def train_on(tmp_path, tiny_lm, dataset, collator, **settings):
 
 def test_the_trainer_keeps_one_row_per_near_copy_family(tmp_path, _tiny_lm_base, tokenizer, collator):
     """72 rows from 40 sources (8 of them with 4 near copies): with `near_duplicate_threshold` the 36 kept rows
-    come from 36 different sources and the report counts the 32 copies; without it, copies share the budget."""
+    come from 36 different sources and the report counts the 32 copies; without it (the default), copies share the
+    budget."""
     dataset, source = near_copy_dataset(tokenizer)
     trainer, report = train_on(tmp_path / "on", copy.deepcopy(_tiny_lm_base), dataset, collator,
                                near_duplicate_threshold=0.7, noise_share=0.0)  # the filter defers whole families
@@ -300,28 +289,11 @@ def test_the_trainer_keeps_one_row_per_near_copy_family(tmp_path, _tiny_lm_base,
         report["features_seconds"] + report["near_duplicates_seconds"] + report["clustering_seconds"])
     assert sum(report["weights"]) == pytest.approx(72)
     assert "Near-duplicate examples" in (tmp_path / "on" / "out" / "README.md").read_text()
-    plain, plain_report = train_on(tmp_path / "off", copy.deepcopy(_tiny_lm_base), dataset, collator,
-                                   near_duplicate_threshold=None)
+    plain, plain_report = train_on(tmp_path / "off", copy.deepcopy(_tiny_lm_base), dataset, collator)
     assert plain_report["n_near_duplicate_rows"] is None and plain_report["near_duplicates_seconds"] is None
-    assert plain_report["clustering_params"]["near_duplicate_threshold"] is None
+    assert plain_report["clustering_params"]["near_duplicate_threshold"] is None  # "auto" for a language model
     assert plain_report["clustering_params"]["duplicate_weight"] == "group"
     assert np.unique(source[plain.selection.indices]).size < 36  # the check above can fail
-
-
-def test_a_language_model_runs_the_check_at_0_85_by_default(tmp_path, _tiny_lm_base, tokenizer, collator):
-    """`"auto"` for a language model is the check at 0.85 with `duplicate_weight="one"`: copies one word in 80
-    apart (Jaccard 0.93) are merged, so the 36 kept rows come from 36 sources; copies one word in 40 apart (0.85,
-    the threshold) are a coin toss for MinHash, so only some of their 32 are found."""
-    dataset, source = near_copy_dataset(tokenizer, length=80)
-    trainer, report = train_on(tmp_path / "long", copy.deepcopy(_tiny_lm_base), dataset, collator, noise_share=0.0)
-    assert report["clustering_params"]["near_duplicate_threshold"] == 0.85
-    assert report["clustering_params"]["duplicate_weight"] == "one"
-    assert report["n_near_duplicate_rows"] == 32
-    kept = trainer.selection.indices
-    assert kept.size == 36 and np.unique(source[kept]).size == 36
-    short, source_short = near_copy_dataset(tokenizer)
-    _, report_short = train_on(tmp_path / "short", copy.deepcopy(_tiny_lm_base), short, collator, noise_share=0.0)
-    assert 0 < report_short["n_near_duplicate_rows"] < 32
 
 
 def test_a_classification_head_runs_the_check_by_default(tmp_path, tokenizer):
@@ -388,31 +360,29 @@ def test_a_resumed_run_compares_auto_as_what_it_resolved_to():
     """`config_differences` compares the near-duplicate settings resolved: the checkpoint's as its report recorded
     them, the current run's for its own settings and model (`resolve_duplicates`). "auto" and 0.7 / "one" are the
     same for a classification head; a threshold alone means "group" (so it differs from "auto"'s "one"); for a
-    language model "auto" is 0.85 / "one", for a model without an output head None / "group"; without recorded values (an older checkpoint) they compare as given."""
+    language model "auto" is None / "group"; without recorded values (an older checkpoint) they compare as given."""
     from hf_cluster_select.settings import resolve_duplicates
 
     def given(**settings):
         return ClusterSelectConfig(strategy_kwargs=settings)
 
-    def resolved(config, head="classification"):
-        threshold, weight = resolve_duplicates(config.selection_settings, head=head)
+    def resolved(config, token_level=False):
+        threshold, weight = resolve_duplicates(config.selection_settings, token_level=token_level)
         return {"near_duplicate_threshold": threshold, "duplicate_weight": weight}
 
-    def differences(saved, current, head="classification", recorded=True):
+    def differences(saved, current, token_level=False, recorded=True):
         return config_differences(saved.to_dict(), current.to_dict(),
-                                  saved_resolved=resolved(saved, head) if recorded else None,
-                                  current_resolved=resolved(current, head))
+                                  saved_resolved=resolved(saved, token_level) if recorded else None,
+                                  current_resolved=resolved(current, token_level))
 
     auto, spelt = given(), given(near_duplicate_threshold=0.7, duplicate_weight="one")
-    assert differences(auto, spelt) == [] == differences(spelt, auto) == differences(auto, auto, head="language_model")
+    assert differences(auto, spelt) == [] == differences(spelt, auto) == differences(auto, auto, token_level=True)
     threshold_only = given(near_duplicate_threshold=0.7)  # keeps "group"
     assert differences(auto, threshold_only) == ["duplicate_weight: 'one' in the checkpoint, 'group' now"]
     assert differences(threshold_only, auto) == ["duplicate_weight: 'group' in the checkpoint, 'one' now"]
     assert differences(given(duplicate_weight="group"), auto) == ["duplicate_weight: 'group' in the checkpoint, "
                                                                   "'one' now"]
-    assert differences(auto, spelt, head="language_model") == [
-        "near_duplicate_threshold: 0.85 in the checkpoint, 0.7 now"]
-    assert differences(auto, spelt, head=None) == [
+    assert differences(auto, spelt, token_level=True) == [
         "duplicate_weight: 'group' in the checkpoint, 'one' now",
         "near_duplicate_threshold: None in the checkpoint, 0.7 now"]
     assert differences(auto, auto, recorded=False) == []  # an older checkpoint resumed as it was made
