@@ -68,49 +68,71 @@ def test_groups_are_deterministic_and_the_same_for_another_seed_on_clear_cases()
     assert not np.array_equal(minhash_signatures(rows), minhash_signatures(rows, seed=7))
 
 
-def test_a_pile_of_copies_is_one_group_whatever_the_bucket_size():
-    """200 copies of one row, each with another token changed, among 250 unrelated rows: one group of 200 (each
-    bucket links its members to its first and next row, not every pair). The copies fill 44% of the rows, under the
-    template share; above it, see `test_a_pile_over_half_the_rows_is_taken_for_template`."""
-    rng = np.random.default_rng(0)
-    source = rng.integers(0, 10_000, 60)
+def _changed_copies(source: np.ndarray, count: int) -> list:
+    """`count` copies of `source`, copy i with token i % len(source) replaced by the new token 20,000 + i."""
     copies = []
-    for i in range(200):
+    for i in range(count):
         row = source.copy()
-        row[i % 60] = 20_000 + i
+        row[i % source.size] = 20_000 + i
         copies.append(row)
-    rows = copies[:100] + [rng.integers(30_000, 60_000, 60) for _ in range(250)] + copies[100:]
+    return copies
+
+
+def test_a_pile_of_copies_is_one_group_whatever_the_bucket_size():
+    """30 copies of one row, each with another token changed, split around 250 unrelated rows: one group of 30, led by
+    the first copy (each bucket links its members to its first and next row, not every pair)."""
+    rng = np.random.default_rng(0)
+    copies = _changed_copies(rng.integers(0, 10_000, 60), 30)
+    rows = copies[:15] + [rng.integers(30_000, 60_000, 60) for _ in range(250)] + copies[15:]
     inverse, first, counts = near_duplicate_groups(rows, 0.7)
-    assert first.tolist() == [0, *range(100, 350)] and counts.tolist() == [200] + [1] * 250
-    assert (inverse[:100] == 0).all() and (inverse[350:] == 0).all()
-    assert inverse[100:350].tolist() == list(range(1, 251))
+    assert first.tolist() == [0, *range(15, 265)] and counts.tolist() == [30] + [1] * 250
+    assert (inverse[:15] == 0).all() and (inverse[265:] == 0).all()
+    assert inverse[15:265].tolist() == list(range(1, 251))
 
 
-def test_a_pile_over_half_the_rows_is_taken_for_template():
-    """The documented price of the template rule: 30 exact and 30 one-token-changed copies of one row among 40
-    unrelated rows (60% of the rows): the source's shingles count as template, so the exact copies still join the
-    source (a row of template shingles only keeps them all) but a changed copy keeps only its few changed
-    shingles and stays apart."""
+def test_a_pile_of_more_than_32_copies_is_taken_for_template():
+    """The documented price of the template rule: a row's shingles found in more than 32 rows count as template. 40
+    exact and 40 one-token-changed copies of one row among 300 unrelated rows (21% of the rows, under half): the
+    exact copies still join the source (a row of template shingles only keeps them all), a changed copy keeps only its
+    few changed shingles and stays apart; with 10 of each (20 rows) every copy joins."""
     rng = np.random.default_rng(1)
     source = rng.integers(0, 10_000, 60)
-    changed = []
-    for i in range(30):
-        row = source.copy()
-        row[i] = 20_000 + i
-        changed.append(row)
-    rows = [source] * 30 + changed + [rng.integers(30_000, 60_000, 60) for _ in range(40)]
-    inverse, first, counts = near_duplicate_groups(rows, 0.7)
-    assert (inverse[:30] == 0).all() and counts[0] == 30 and counts.tolist()[1:] == [1] * 70
+    unrelated = [rng.integers(30_000, 60_000, 60) for _ in range(300)]
+    inverse, first, counts = near_duplicate_groups([source] * 40 + _changed_copies(source, 40) + unrelated, 0.7)
+    assert (inverse[:40] == 0).all() and counts[0] == 40 and counts.tolist()[1:] == [1] * 340
+    inverse, first, counts = near_duplicate_groups([source] * 10 + _changed_copies(source, 10) + unrelated, 0.7)
+    assert (inverse[:20] == 0).all() and counts.tolist() == [20] + [1] * 300
+
+
+def test_pairs_are_verified_by_their_exact_jaccard():
+    """ONE_CHANGED shares 35 of the pair's 41 distinct 3-grams with BASE: Jaccard 0.8537, joined at 0.85 and apart at
+    0.86 on every seed (the MinHash estimate only proposes the pair)."""
+    rows = [BASE, UNRELATED, ONE_CHANGED]
+    for seed in range(5):
+        assert near_duplicate_groups(rows, 0.85, seed=seed)[0].tolist() == [0, 1, 0]
+        assert near_duplicate_groups(rows, 0.86, seed=seed)[0].tolist() == [0, 1, 2]
+
+
+def test_a_chain_of_near_copies_is_not_one_group():
+    """BASE, a copy with token 10 changed and a copy of that copy with token 30 changed too: each step is at Jaccard
+    0.85, the two ends at 32/44 = 0.73. At 0.8 the first copy joins BASE, the second is not a near copy of BASE (the
+    group's leader) and leads its own group; at 0.7 both join BASE."""
+    once = BASE[:10] + [999] + BASE[11:]
+    twice = once[:30] + [998] + once[31:]
+    assert as_lists(near_duplicate_groups([BASE, once, twice], 0.8)) == [[0, 0, 1], [0, 2], [2, 1]]
+    assert as_lists(near_duplicate_groups([BASE, once, twice], 0.7)) == [[0, 0, 0], [0], [3]]
+    # the leader is the first row of the group: led by `once`, both neighbours join it
+    assert as_lists(near_duplicate_groups([once, BASE, twice], 0.8)) == [[0, 0, 0], [0], [3]]
 
 
 def test_lsh_bands_reach_the_recall_at_the_threshold():
-    assert [lsh_bands(t) for t in (0.7, 0.9, 1.0, 0.3)] == [(21, 3), (9, 7), (1, 64), (64, 1)]
+    assert [lsh_bands(t) for t in (0.7, 0.85, 0.9, 1.0, 0.3)] == [(21, 3), (12, 5), (10, 6), (1, 64), (64, 1)]
     for threshold in (0.5, 0.7, 0.8, 0.9, 0.95):
         bands, rows = lsh_bands(threshold)
-        assert 1 - (1 - threshold ** rows) ** bands >= 0.99 and bands * rows <= 64
+        assert 1 - (1 - threshold ** rows) ** bands >= 0.999 and bands * rows <= 64
         if rows < 64:  # one more row per band would miss the recall
             more = rows + 1
-            assert 1 - (1 - threshold ** more) ** (64 // more) < 0.99
+            assert 1 - (1 - threshold ** more) ** (64 // more) < 0.999
 
 
 def test_bad_arguments_are_named():
@@ -176,26 +198,37 @@ def test_settings_default_to_auto_and_are_validated_with_their_names():
         ClusterSelectConfig(strategy_kwargs={"duplicate_weight": "all"})
 
 
-@pytest.mark.parametrize("given, token_level, token_check, expected", [
-    ({}, False, True, (0.7, "one")),  # a classification head: the measured check
-    ({}, True, True, (None, "group")),  # a language model: rows share long prompts
-    ({}, False, False, (None, "group")),  # sharded selection / no examples: no token check there
-    ({"near_duplicate_threshold": 0.9}, False, True, (0.9, "group")),  # a given threshold keeps the old weight
-    ({"near_duplicate_threshold": 0.9}, True, True, (0.9, "group")),
-    ({"near_duplicate_threshold": None}, False, True, (None, "group")),
-    ({"duplicate_weight": "group"}, False, True, (0.7, "group")),
-    ({"duplicate_weight": "one"}, True, True, (None, "one")),
+@pytest.mark.parametrize("given, head, token_check, expected", [
+    ({}, "classification", True, (0.7, "one")),  # a classification head: the measured check
+    ({}, "language_model", True, (0.85, "one")),  # a language model: higher, its rows share long prompts
+    ({}, None, True, (None, "group")),  # no output head (a user feature): rows may share a long context
+    ({}, "classification", False, (None, "group")),  # sharded selection / no examples: no token check there
+    ({}, "language_model", False, (None, "group")),
+    ({"near_duplicate_threshold": 0.9}, "classification", True, (0.9, "group")),  # a given threshold: old weight
+    ({"near_duplicate_threshold": 0.9}, "language_model", True, (0.9, "group")),
+    ({"near_duplicate_threshold": None}, "classification", True, (None, "group")),
+    ({"duplicate_weight": "group"}, "classification", True, (0.7, "group")),
+    ({"duplicate_weight": "group"}, "language_model", True, (0.85, "group")),
+    ({"duplicate_weight": "one"}, None, True, (None, "one")),
 ])
-def test_auto_resolves_per_head(given, token_level, token_check, expected):
+def test_auto_resolves_per_head(given, head, token_check, expected):
     from hf_cluster_select.settings import resolve_duplicates
 
     settings = ClusterSelectConfig(strategy_kwargs=given).selection_settings
-    assert resolve_duplicates(settings, token_level=token_level, token_check=token_check) == expected
+    assert resolve_duplicates(settings, head=head, token_check=token_check) == expected
+
+
+def test_an_unknown_head_is_refused():
+    from hf_cluster_select.settings import resolve_duplicates
+
+    with pytest.raises(ValueError, match=r"`head` must be one of \['classification', 'language_model', None\], "
+                                         r"got 'lm'"):
+        resolve_duplicates(ClusterSelectConfig().selection_settings, head="lm")
 
 
 @pytest.mark.parametrize("head, expected", [
     ("BertForSequenceClassification", (0.7, "one")), ("BertForTokenClassification", (0.7, "one")),
-    ("BertForMultipleChoice", (0.7, "one")), ("BertForMaskedLM", (None, "group")),
+    ("BertForMultipleChoice", (0.7, "one")), ("BertForMaskedLM", (0.85, "one")),
     ("BertForQuestionAnswering", (None, "group")), ("BertModel", (None, "group")),
 ])
 def test_auto_per_model_class(head, expected):
@@ -239,24 +272,25 @@ def test_command_line_options_set_them(tmp_path, capsys):
 
 
 # ---- ClusterTrainer ---------------------------------------------------------------------------------------------
-def near_copy_dataset(tokenizer):
-    """40 sources of 40 words (so 40 tokens) and 4 near copies of each of the first 8 (one word changed, at
-    position 8, 16, 24 or 32), shuffled: 72 examples and the source of every one."""
+def near_copy_dataset(tokenizer, length: int = 40):
+    """40 sources of `length` words (so `length` tokens) and 4 near copies of each of the first 8 (one word
+    changed, at 1/5, 2/5, 3/5 or 4/5 of the row), shuffled: 72 examples and the source of every one. A copy's token
+    3-gram Jaccard with its source: 0.85 at 40 tokens, 0.93 at 80."""
     from datasets import Dataset
     from tiny_assets import WORDS
 
     rng = random.Random(0)
-    sources = [[rng.choice(WORDS) for _ in range(40)] for _ in range(40)]
+    sources = [[rng.choice(WORDS) for _ in range(length)] for _ in range(40)]
     rows = [(words, source) for source, words in enumerate(sources)]
     for source in range(8):
-        for position in (8, 16, 24, 32):
+        for position in (length // 5, 2 * length // 5, 3 * length // 5, 4 * length // 5):
             words = list(sources[source])
             words[position] = next(w for w in WORDS if w != words[position])
             rows.append((words, source))
     rng.shuffle(rows)
     ids = tokenizer([" ".join(words) for words, _ in rows])["input_ids"]
-    assert {len(i) for i in ids} == {40}
-    dataset = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * 40 for _ in ids],
+    assert {len(i) for i in ids} == {length}
+    dataset = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * length for _ in ids],
                                  "labels": [[-100, -100] + i[2:] for i in ids]})
     return dataset, np.array([source for _, source in rows])
 
@@ -277,8 +311,7 @@ def train_on(tmp_path, tiny_lm, dataset, collator, **settings):
 
 def test_the_trainer_keeps_one_row_per_near_copy_family(tmp_path, _tiny_lm_base, tokenizer, collator):
     """72 rows from 40 sources (8 of them with 4 near copies): with `near_duplicate_threshold` the 36 kept rows
-    come from 36 different sources and the report counts the 32 copies; without it (the default), copies share the
-    budget."""
+    come from 36 different sources and the report counts the 32 copies; without it, copies share the budget."""
     dataset, source = near_copy_dataset(tokenizer)
     trainer, report = train_on(tmp_path / "on", copy.deepcopy(_tiny_lm_base), dataset, collator,
                                near_duplicate_threshold=0.7, noise_share=0.0)  # the filter defers whole families
@@ -289,11 +322,29 @@ def test_the_trainer_keeps_one_row_per_near_copy_family(tmp_path, _tiny_lm_base,
         report["features_seconds"] + report["near_duplicates_seconds"] + report["clustering_seconds"])
     assert sum(report["weights"]) == pytest.approx(72)
     assert "Near-duplicate examples" in (tmp_path / "on" / "out" / "README.md").read_text()
-    plain, plain_report = train_on(tmp_path / "off", copy.deepcopy(_tiny_lm_base), dataset, collator)
+    plain, plain_report = train_on(tmp_path / "off", copy.deepcopy(_tiny_lm_base), dataset, collator,
+                                   near_duplicate_threshold=None)
     assert plain_report["n_near_duplicate_rows"] is None and plain_report["near_duplicates_seconds"] is None
-    assert plain_report["clustering_params"]["near_duplicate_threshold"] is None  # "auto" for a language model
+    assert plain_report["clustering_params"]["near_duplicate_threshold"] is None
     assert plain_report["clustering_params"]["duplicate_weight"] == "group"
     assert np.unique(source[plain.selection.indices]).size < 36  # the check above can fail
+
+
+def test_a_language_model_runs_the_check_at_0_85_by_default(tmp_path, _tiny_lm_base, tokenizer, collator):
+    """`"auto"` for a language model is the check at 0.85 with `duplicate_weight="one"`: copies one word in 80
+    apart (Jaccard 0.93 with their source, 0.86 with each other) are merged, so the 36 kept rows come from 36 sources;
+    copies one word in 40 apart are at 0.85 from their source but 0.72 from each other, so where a copy comes before
+    its source it leads a group that only the source joins, and only some of the 32 are merged."""
+    dataset, source = near_copy_dataset(tokenizer, length=80)
+    trainer, report = train_on(tmp_path / "long", copy.deepcopy(_tiny_lm_base), dataset, collator, noise_share=0.0)
+    assert report["clustering_params"]["near_duplicate_threshold"] == 0.85
+    assert report["clustering_params"]["duplicate_weight"] == "one"
+    assert report["n_near_duplicate_rows"] == 32
+    kept = trainer.selection.indices
+    assert kept.size == 36 and np.unique(source[kept]).size == 36
+    short, source_short = near_copy_dataset(tokenizer)
+    _, report_short = train_on(tmp_path / "short", copy.deepcopy(_tiny_lm_base), short, collator, noise_share=0.0)
+    assert 0 < report_short["n_near_duplicate_rows"] < 32
 
 
 def test_a_classification_head_runs_the_check_by_default(tmp_path, tokenizer):
@@ -360,29 +411,32 @@ def test_a_resumed_run_compares_auto_as_what_it_resolved_to():
     """`config_differences` compares the near-duplicate settings resolved: the checkpoint's as its report recorded
     them, the current run's for its own settings and model (`resolve_duplicates`). "auto" and 0.7 / "one" are the
     same for a classification head; a threshold alone means "group" (so it differs from "auto"'s "one"); for a
-    language model "auto" is None / "group"; without recorded values (an older checkpoint) they compare as given."""
+    language model "auto" is 0.85 / "one", for a model without an output head None / "group"; without recorded values
+    (an older checkpoint) they compare as given."""
     from hf_cluster_select.settings import resolve_duplicates
 
     def given(**settings):
         return ClusterSelectConfig(strategy_kwargs=settings)
 
-    def resolved(config, token_level=False):
-        threshold, weight = resolve_duplicates(config.selection_settings, token_level=token_level)
+    def resolved(config, head="classification"):
+        threshold, weight = resolve_duplicates(config.selection_settings, head=head)
         return {"near_duplicate_threshold": threshold, "duplicate_weight": weight}
 
-    def differences(saved, current, token_level=False, recorded=True):
+    def differences(saved, current, head="classification", recorded=True):
         return config_differences(saved.to_dict(), current.to_dict(),
-                                  saved_resolved=resolved(saved, token_level) if recorded else None,
-                                  current_resolved=resolved(current, token_level))
+                                  saved_resolved=resolved(saved, head) if recorded else None,
+                                  current_resolved=resolved(current, head))
 
     auto, spelt = given(), given(near_duplicate_threshold=0.7, duplicate_weight="one")
-    assert differences(auto, spelt) == [] == differences(spelt, auto) == differences(auto, auto, token_level=True)
+    assert differences(auto, spelt) == [] == differences(spelt, auto) == differences(auto, auto, head="language_model")
     threshold_only = given(near_duplicate_threshold=0.7)  # keeps "group"
     assert differences(auto, threshold_only) == ["duplicate_weight: 'one' in the checkpoint, 'group' now"]
     assert differences(threshold_only, auto) == ["duplicate_weight: 'group' in the checkpoint, 'one' now"]
     assert differences(given(duplicate_weight="group"), auto) == ["duplicate_weight: 'group' in the checkpoint, "
                                                                   "'one' now"]
-    assert differences(auto, spelt, token_level=True) == [
+    assert differences(auto, spelt, head="language_model") == [
+        "near_duplicate_threshold: 0.85 in the checkpoint, 0.7 now"]
+    assert differences(auto, spelt, head=None) == [
         "duplicate_weight: 'group' in the checkpoint, 'one' now",
         "near_duplicate_threshold: None in the checkpoint, 0.7 now"]
     assert differences(auto, auto, recorded=False) == []  # an older checkpoint resumed as it was made
@@ -412,14 +466,23 @@ def test_a_shared_prompt_does_not_make_distinct_examples_near_copies():
     assert near_duplicate_groups(bare, 0.7)[2].tolist() == [1] * 30 + [3]
 
 
-def test_template_shingles_are_those_in_more_than_half_of_the_rows():
-    """A prompt shared by 21 of 40 rows is template; one shared by 19 of 40 (under half) is content, and then the
-    rows that share it (Jaccard 0.88) are one near-copy group."""
+def test_template_shingles_are_those_in_more_than_half_or_more_than_32_of_the_rows():
+    """A prompt shared by 21 of 40 rows is template; one shared by 19 of 40 (under half, under 33 rows) is content,
+    and then the rows that share it (Jaccard 0.88) are one near-copy group. In a pool of 400 rows, a prompt in 100 of
+    them (25%, over 32 rows) is template too: the language-model pool where a check without that rule merged a whole
+    task's rows."""
     rows = _templated_pool(300)
     half_over = [row if i < 21 else row[300:] for i, row in enumerate(rows)]
     assert near_duplicate_groups(half_over, 0.7)[2].tolist() == [1] * 40
     half_under = [row if i < 19 else row[300:] for i, row in enumerate(rows)]
     assert near_duplicate_groups(half_under, 0.7)[2].tolist() == [19] + [1] * 21
+    pool = _templated_pool(300, n_rows=400)
+    quarter = [row if i % 4 == 0 else row[300:] for i, row in enumerate(pool)]
+    for threshold in (0.7, 0.85):
+        assert near_duplicate_groups(quarter, threshold)[2].tolist() == [1] * 400
+    # the price: 20 rows of the 400 (5%) with that prompt stay one group at 0.85 (Jaccard 0.88)
+    few = [row if i % 20 == 0 else row[300:] for i, row in enumerate(pool)]
+    assert near_duplicate_groups(few, 0.85)[2].tolist() == [20] + [1] * 380
 
 
 def test_examples_without_input_ids_skip_the_check():
@@ -440,10 +503,13 @@ def test_examples_without_input_ids_skip_the_check():
     assert groups.tolist() == [0, 1, 0]
 
 
-def test_prompts_each_in_half_the_rows_or_fewer_still_merge_their_rows():
-    """Why the check is off by default for a language model: two 200-token prompts, each in 20 of 40 rows (not over
-    half), before 20 distinct tokens: each prompt's rows agree at Jaccard about 0.83 and become one group per prompt."""
+def test_prompts_each_in_half_the_rows_or_fewer_merge_at_0_7_not_at_0_85():
+    """Why a language model's threshold is 0.85, not the classification head's 0.7: two 200-token prompts, each in 20
+    of 40 rows (neither over half nor over 32 rows), before 20 distinct tokens: each prompt's rows agree at Jaccard
+    198 / 238 = 0.83, one group per prompt at 0.7 and none at 0.85."""
     first, second = _templated_pool(200, n_rows=20), _templated_pool(200, n_rows=20)
     second = [[t + 1000 for t in row[:200]] + [t + 5000 for t in row[200:]] for row in second]
     inverse, first_rows, counts = near_duplicate_groups(first + second, 0.7)
     assert sorted(counts.tolist()) == [20, 20] and inverse[:20].tolist() == [0] * 20
+    for seed in range(3):
+        assert near_duplicate_groups(first + second, 0.85, seed=seed)[2].tolist() == [1] * 40

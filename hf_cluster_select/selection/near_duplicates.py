@@ -1,4 +1,5 @@
-"""Near-duplicate examples by their tokens: MinHash signatures, LSH banding, verified pairs (layer L2: numpy and scipy).
+"""Near-duplicate examples by their tokens: MinHash signatures, LSH banding, exactly verified pairs, leader groups
+(layer L2: numpy and scipy).
 
 `duplicates.py` merges rows whose *features* agree to about 1e-5; an example repeated with a few tokens changed has
 other features and stays a separate candidate, so a fine-KMeans stratum made of one source's near copies spends its
@@ -8,38 +9,36 @@ SemDeDup, Abbas et al., arXiv 2303.09540, does it in embedding space):
 
 1. *Shingles*: an example's set of contiguous `shingle`-grams of token ids (3-grams by default); an example shorter
    than `shingle` is one shingle, its whole sequence (so all empty examples are copies of each other).
-2. *MinHash* (Broder, "On the resemblance and containment of documents", 1997): per example, the minimum of each of
+2. *Template shingles*: a shingle found in more than `COMMON_SHARE` (half) of the rows or in more than `COMMON_ROWS`
+   (32) rows is left out, so a long shared prompt (a chat template's system prompt, a task's instruction repeated on
+   its rows) does not make distinct examples look alike. A row made only of such shingles keeps all of them (rows
+   that are nothing but the template are still copies of each other). The prices: where one example has more than
+   32 copies (or fills half the rows) its exact copies still join, its near copies do not; and a prompt shared by 2
+   to 32 rows (under half) is content, so rows that share one at least about 11× longer than the rest of each row
+   (Jaccard 0.85) are near copies of each other (`test_near_duplicates.py` has both cases).
+3. *MinHash* (Broder, "On the resemblance and containment of documents", 1997): per example, the minimum of each of
    `n_hashes` seeded hash functions over its shingles. Two examples agree on a hash with probability equal to the
-   Jaccard similarity of their shingle sets, so the fraction of agreeing values estimates it (standard deviation
-   √(J(1 − J) / n_hashes): 0.057 at J = 0.7 with 64 hashes). Each shingle is hashed once (a polynomial of its
-   tokens and length, then the splitmix64 finaliser, whose top 32 bits are its key x); hash function i is the
-   multiply-shift ((a_i · x + b_i) mod 2^64) >> 32 with seeded 64-bit a_i (odd) and b_i, a 2-independent family
-   (Dietzfelbinger, STACS 1996), so a signature holds 32-bit values.
-3. *LSH banding* (Indyk & Motwani, STOC 1998): the signature is cut into `bands` bands of `rows` values; examples
+   Jaccard similarity of their shingle sets. Each shingle is hashed once (a polynomial of its tokens and length,
+   then the splitmix64 finaliser, whose top 32 bits are its key x); hash function i is the multiply-shift
+   ((a_i · x + b_i) mod 2^64) >> 32 with seeded 64-bit a_i (odd) and b_i, a 2-independent family (Dietzfelbinger,
+   STACS 1996), so a signature holds 32-bit values.
+4. *LSH banding* (Indyk & Motwani, STOC 1998): the signature is cut into `bands` bands of `rows` values; examples
    that agree on a whole band are candidates. A pair at Jaccard s becomes a candidate with probability
    1 − (1 − s^rows)^bands; `lsh_bands` takes the most rows per band (fewest chance candidates) for which that is
-   at least `RECALL_AT_THRESHOLD` = 0.99 at s = threshold (threshold 0.7, 64 hashes: 21 bands of 3 rows,
-   probability 0.9998; 0.9: 9 bands of 7, 0.997; 1.0: 1 band of 64). Within a band's bucket each member is paired
-   with the bucket's first row and with the next row of the bucket, not with every other member (linear, not
-   quadratic, in a bucket of many copies); the other pairs join through those links or through other bands.
-4. *Verification*: a candidate pair is kept when its estimated Jaccard (agreeing values / `n_hashes`) is at least
-   `threshold`; near the threshold the estimate's noise decides.
-5. *Template shingles*: a shingle found in more than `COMMON_SHARE` (half) of the rows is ignored, so a long
-   shared prompt (a chat template's system prompt, an instruction repeated on every row) does not make distinct
-   examples look alike; the share is estimated on a seeded sample of at most `COMMON_SAMPLE` rows. A row made only
-   of such shingles keeps all of them (rows that are nothing but the template are still copies of each other).
-   The price: in a pool of at least `COMMON_MIN_ROWS` rows where one example's copies fill more than half the rows,
-   their shingles look like template too; its exact copies still join, its near copies may not.
-6. *Groups*: connected components of the kept pairs (`scipy.sparse.csgraph`): a chain of near copies is one group,
-   even where its two ends are not near copies of each other.
+   at least `RECALL_AT_THRESHOLD` = 0.999 at s = threshold (0.7, 64 hashes: 21 bands of 3 rows; 0.85: 12 of 5;
+   0.9: 10 of 6; 1.0: 1 band of 64). Within a band's bucket each member is paired with the bucket's first
+   (lowest-index) row and with the next row of the bucket, not with every other member (linear, not quadratic, in a
+   bucket of many copies).
+5. *Verification*: a candidate pair is kept when the *exact* Jaccard similarity of the two rows' shingle sets is at
+   least `threshold`; MinHash only proposes pairs, so the seed changes which rare pairs are proposed, never which
+   pairs pass.
+6. *Leader groups*: in index order, a row joins the group of the lowest-index earlier row it is a kept pair with,
+   if that row leads its group; otherwise it leads a new group. Every member is at least `threshold` from its
+   group's first row, so two members are at Jaccard at least 2·threshold − 1 (Jaccard distance is a metric); a
+   chain of near copies whose two ends are not near copies is not merged into one group, as connected components
+   would.
 
-Measured (`near_duplicate_groups` alone): 100,000 rows of 100 token ids (vocabulary 32,000; 20,000 of them near
-copies of others, 2 tokens changed: all 20,000 joined to their source, 80,000 groups), threshold 0.7, 64 hashes,
-one CPU thread, on a 2-core machine shared with a running benchmark: 1.4–2.0 s with rows as numpy arrays (as
-`data.token_rows` reads a `datasets.Dataset`, itself about 0.03 s), 2.2–3.3 s with rows as Python lists (4 runs
-each), before the template step. With it, 100,000 random rows of 100 token ids as numpy arrays took 2.2–3.5 s, of
-which 0.33 s finding the template shingles on the 10,000-row sample (2 runs, one thread, the other core busy with
-a test suite).
+Measured (`near_duplicate_groups` alone, one CPU thread): see `docs/configuration.md` ("Cost and report").
 
 `union_groups` joins this partition with the feature-space one (`ClusteringResult.groups`); the pipeline
 (`pipeline.select_with_model`) does so when `SelectionSettings.near_duplicate_threshold` is set.
@@ -47,7 +46,6 @@ a test suite).
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -57,9 +55,9 @@ from .duplicates import groups_by_first_row
 
 SHINGLE = 3  # tokens per shingle
 N_HASHES = 64  # MinHash values per example
-RECALL_AT_THRESHOLD = 0.99  # least probability that a pair at exactly the threshold becomes an LSH candidate
+RECALL_AT_THRESHOLD = 0.999  # least probability that a pair at exactly the threshold becomes an LSH candidate
 COMMON_SHARE = 0.5  # a shingle in more than this share of the rows is template, not content
-COMMON_SAMPLE = 10_000  # rows sampled to find the template shingles
+COMMON_ROWS = 32  # ... or in more than this many rows
 COMMON_MIN_ROWS = 20  # fewer non-empty rows: no shingle is treated as template
 CHUNK_VALUES = 1 << 22  # shingles × hashes per block of the signature pass, and pairs × hashes when verifying
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -84,6 +82,13 @@ def lsh_bands(threshold: float, n_hashes: int = N_HASHES) -> tuple[int, int]:
         if 1.0 - (1.0 - threshold ** rows) ** bands >= RECALL_AT_THRESHOLD:
             return bands, rows
     return n_hashes, 1
+
+
+def _check_sizes(shingle: Any, n_hashes: Any) -> None:
+    """Raise a `ValueError` naming `shingle` or `n_hashes` unless each is an int >= 1."""
+    for name, value in (("shingle", shingle), ("n_hashes", n_hashes)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"`{name}` must be an int >= 1, got {value!r}.")
 
 
 def _flatten(token_rows: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -130,35 +135,86 @@ def _shingle_hashes(tokens: np.ndarray, lengths: np.ndarray, shingle: int,
     return _mix(hashes[keep]), np.where(long, lengths - shingle + 1, 1)
 
 
-def _common_shingles(flat: np.ndarray, row_lengths: np.ndarray, shingle: int, coefficients: np.ndarray,
-                     rng: np.random.Generator) -> np.ndarray:
-    """Sorted hashes of the shingles found in more than `COMMON_SHARE` of a sample of at most `COMMON_SAMPLE` of the
-    non-empty rows (`flat`: their tokens in order, `row_lengths`: theirs); empty below `COMMON_MIN_ROWS` rows."""
-    n = row_lengths.size
-    if n < COMMON_MIN_ROWS:
-        return np.zeros(0, dtype=np.uint64)
-    sample = np.sort(rng.choice(n, size=min(n, COMMON_SAMPLE), replace=False))
-    ends = np.cumsum(row_lengths)
-    tokens = np.concatenate([flat[ends[i] - row_lengths[i]: ends[i]] for i in sample])
-    hashes, per_row = _shingle_hashes(tokens, row_lengths[sample], shingle, coefficients)
-    rows = np.repeat(np.arange(sample.size), per_row)
-    order = np.lexsort((hashes, rows))  # by row, then hash: a row's repeats of a shingle are adjacent
-    hashes, rows = hashes[order], rows[order]
-    once = np.r_[True, (hashes[1:] != hashes[:-1]) | (rows[1:] != rows[:-1])]  # a shingle counted once per row
-    values, counts = np.unique(hashes[once], return_counts=True)
-    return values[counts > COMMON_SHARE * sample.size]
+def _tagged(values: np.ndarray, tags: np.ndarray) -> np.ndarray:
+    """uint64 keys equal exactly where both `values` (uint64 hashes) and int `tags` are (up to a 2^-64 collision):
+    one 64-bit sort groups a value's repeats within a tag, faster than `np.lexsort` on the two."""
+    return values ^ _mix(tags.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(1))
 
 
-def _without_common(hashes: np.ndarray, per_row: np.ndarray, common: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Drop the `common` shingle hashes from each row's `hashes` (`per_row` of them per row, >= 1), except in a row
-    made only of common shingles, which keeps them all."""
-    if common.size == 0:
+def _repeats(keys: np.ndarray) -> np.ndarray:
+    """Positions `[n_repeats]` of the entries of `keys` equal to another entry, all but one of each value."""
+    order = np.argsort(keys)
+    return order[1:][keys[order][1:] == keys[order][:-1]]
+
+
+def _all_shingles(flat: np.ndarray, lengths: np.ndarray, shingle: int,
+                  coefficients: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every row's shingle hashes, row after row (an empty row: the one hash 0 of the empty sequence), and how many
+    each row has `[n]`; hashed in blocks of about `CHUNK_VALUES` tokens."""
+    sizes = np.ones(lengths.size, dtype=np.int64)
+    rows = np.flatnonzero(lengths)
+    row_lengths = lengths[rows]
+    token_ends = np.cumsum(row_lengths)  # `flat` holds the tokens of these rows, in order
+    parts, begin = [], 0
+    while begin < rows.size:  # whole rows
+        first_token = int(token_ends[begin - 1]) if begin else 0
+        end = max(int(np.searchsorted(token_ends, first_token + CHUNK_VALUES, side="right")), begin + 1)
+        hashes, sizes[rows[begin:end]] = _shingle_hashes(flat[first_token: token_ends[end - 1]],
+                                                         row_lengths[begin:end], shingle, coefficients)
+        parts.append(hashes)
+        begin = end
+    hashes = np.zeros(int(sizes.sum()), dtype=np.uint64)
+    filled = np.ones(hashes.size, dtype=bool)
+    filled[(np.cumsum(sizes) - sizes)[lengths == 0]] = False
+    hashes[filled] = np.concatenate(parts) if parts else hashes[:0]
+    return hashes, sizes
+
+
+def _content(hashes: np.ndarray, per_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's distinct content shingles: `hashes` (`per_row` of them per row, row after row) without a row's
+    repeats of a hash and without template shingles, those in more than `COMMON_SHARE` of the rows or in more than
+    `COMMON_ROWS` rows (none below `COMMON_MIN_ROWS` rows); a row made only of template shingles keeps them all.
+    Returns the kept hashes in row order and how many each row keeps."""
+    n = per_row.size
+    if n == 0:
         return hashes, per_row
-    content = ~np.isin(hashes, common, assume_unique=False)
-    starts = np.cumsum(per_row) - per_row
-    left = np.add.reduceat(content.astype(np.int64), starts)
-    keep = content | np.repeat(left == 0, per_row)
-    return hashes[keep], np.where(left == 0, per_row, left)
+    rows = np.repeat(np.arange(n), per_row)
+    order = np.argsort(hashes, kind="stable")  # a hash's rows in increasing order, its repeats in a row adjacent
+    ordered, owner = hashes[order], rows[order]
+    same = ordered[1:] == ordered[:-1]
+    first = np.r_[True, ~same | (owner[1:] != owner[:-1])]  # a row's first of a hash
+    run = np.cumsum(np.r_[True, ~same]) - 1  # which distinct hash
+    content = np.ones(hashes.size, dtype=bool)
+    if n >= COMMON_MIN_ROWS:
+        rows_with = np.bincount(run[first])  # rows holding each distinct hash
+        content[order] = (rows_with <= min(COMMON_SHARE * n, COMMON_ROWS))[run]
+    once = np.zeros(hashes.size, dtype=bool)
+    once[order[first]] = True
+    keep = once & (content | (np.bincount(rows[once & content], minlength=n) == 0)[rows])
+    return hashes[keep], np.bincount(rows[keep], minlength=n)
+
+
+def _content_sets(token_rows: Sequence[Any], shingle: int, n_hashes: int,
+                  seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(signatures [n, n_hashes] uint32, hashes, starts [n + 1])`: every row's MinHash signature and its set of
+    distinct content shingle hashes, `hashes[starts[i]: starts[i + 1]]`."""
+    flat, lengths = _flatten(token_rows)
+    rng = np.random.default_rng([int(seed) % 2**64, 20261222])
+    coefficients = rng.integers(0, 2**63, size=shingle + 1, dtype=np.int64).astype(np.uint64) | np.uint64(1)
+    multipliers = rng.integers(0, 2**63, size=n_hashes, dtype=np.int64).astype(np.uint64) * np.uint64(2) + np.uint64(1)
+    offsets = rng.integers(0, 2**63, size=n_hashes, dtype=np.int64).astype(np.uint64)
+    hashes, per_row = _content(*_all_shingles(flat, lengths, shingle, coefficients))
+    starts = np.r_[0, np.cumsum(per_row)]
+    signatures = np.empty((lengths.size, n_hashes), dtype=np.uint32)
+    begin, block = 0, max(CHUNK_VALUES // n_hashes, 1)
+    while begin < lengths.size:  # blocks of about `block` shingles, whole rows
+        end = max(int(np.searchsorted(starts, starts[begin] + block, side="right")) - 1, begin + 1)
+        values = np.multiply.outer(multipliers, hashes[starts[begin]: starts[end]] >> np.uint64(32))  # 32-bit keys
+        values += offsets[:, None]
+        values >>= np.uint64(32)
+        signatures[begin:end] = np.minimum.reduceat(values, starts[begin:end] - starts[begin], axis=1).T
+        begin = end
+    return signatures, hashes, starts
 
 
 def minhash_signatures(token_rows: Sequence[Any], *, shingle: int = SHINGLE, n_hashes: int = N_HASHES,
@@ -176,39 +232,8 @@ def minhash_signatures(token_rows: Sequence[Any], *, shingle: int = SHINGLE, n_h
     Raises:
         ValueError: if `shingle` or `n_hashes` is not an int >= 1, or a row is not a 1-D sequence of integers.
     """
-    for name, value in (("shingle", shingle), ("n_hashes", n_hashes)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"`{name}` must be an int >= 1, got {value!r}.")
-    shingle, n_hashes = int(shingle), int(n_hashes)
-    flat, lengths = _flatten(token_rows)
-    rng = np.random.default_rng([int(seed) % 2**64, 20261222])
-    coefficients = rng.integers(0, 2**63, size=shingle + 1, dtype=np.int64).astype(np.uint64) | np.uint64(1)
-    multipliers = rng.integers(0, 2**63, size=n_hashes, dtype=np.int64).astype(np.uint64) * np.uint64(2) + np.uint64(1)
-    offsets = rng.integers(0, 2**63, size=n_hashes, dtype=np.int64).astype(np.uint64)
-
-    def minima(hashes: np.ndarray, per_row: np.ndarray) -> np.ndarray:  # [rows, n_hashes]
-        values = np.multiply.outer(multipliers, hashes >> np.uint64(32))  # [n_hashes, shingles]: a 32-bit key each
-        values += offsets[:, None]
-        values >>= np.uint64(32)
-        return np.minimum.reduceat(values, np.cumsum(per_row) - per_row, axis=1).T
-
-    signatures = np.empty((lengths.size, n_hashes), dtype=np.uint32)
-    empty = lengths == 0
-    if empty.any():  # one shingle, the empty sequence: width 0, no token, hash mix(0) = 0
-        signatures[empty] = minima(np.zeros(1, dtype=np.uint64), np.ones(1, dtype=np.int64))
-    rows = np.flatnonzero(~empty)
-    row_lengths = lengths[rows]
-    token_ends = np.cumsum(row_lengths)  # `flat` holds the tokens of these rows, in order
-    common = _common_shingles(flat, row_lengths, shingle, coefficients, rng)
-    begin, block = 0, max(CHUNK_VALUES // n_hashes, 1)
-    while begin < rows.size:  # blocks of about `block` tokens (shingles), whole rows
-        first_token = int(token_ends[begin - 1]) if begin else 0
-        end = max(int(np.searchsorted(token_ends, first_token + block, side="right")), begin + 1)
-        hashes, per_row = _without_common(*_shingle_hashes(flat[first_token: token_ends[end - 1]],
-                                                           row_lengths[begin:end], shingle, coefficients), common)
-        signatures[rows[begin:end]] = minima(hashes, per_row)
-        begin = end
-    return signatures
+    _check_sizes(shingle, n_hashes)
+    return _content_sets(token_rows, int(shingle), int(n_hashes), seed)[0]
 
 
 def _candidate_pairs(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
@@ -230,6 +255,38 @@ def _candidate_pairs(signatures: np.ndarray, bands: int, rows: int) -> np.ndarra
     return np.unique(np.sort(pairs, axis=1), axis=0).astype(np.int64)
 
 
+def _exact_jaccard(pairs: np.ndarray, hashes: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Jaccard similarity `[n_pairs]` of the shingle sets of each `(low, high)` pair in `pairs` `[n_pairs, 2]`
+    (`hashes[starts[i]: starts[i + 1]]`: row i's distinct hashes), in blocks of about `CHUNK_VALUES` hashes."""
+    sizes = np.diff(starts)
+    out = np.zeros(pairs.shape[0])
+    cost = np.cumsum(sizes[pairs].sum(axis=1))
+    begin = 0
+    while begin < pairs.shape[0]:
+        end = max(int(np.searchsorted(cost, (cost[begin - 1] if begin else 0) + CHUNK_VALUES, side="right")), begin + 1)
+        block = pairs[begin:end]
+        both = block.reshape(-1)  # each pair's two rows, in turn
+        lengths = sizes[both]
+        shift = np.repeat(starts[both] - (np.cumsum(lengths) - lengths), lengths)  # position in `hashes` - in block
+        values = hashes[shift + np.arange(shift.size)]
+        pair = np.repeat(np.arange(both.size) // 2, lengths)
+        inter = np.bincount(pair[_repeats(_tagged(values, pair))], minlength=block.shape[0])  # in both rows
+        out[begin:end] = inter / (sizes[block[:, 0]] + sizes[block[:, 1]] - inter)
+        begin = end
+    return out
+
+
+def _leader_groups(n: int, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`groups_by_first_row` of `n` rows where, in index order, a row joins the lowest-index *leader* it is paired
+    with in `pairs` `[n_pairs, 2]` (low < high), and a row paired with no leader leads its own group."""
+    leader = np.arange(n)
+    done = np.zeros(n, dtype=bool)
+    for low, high in pairs[np.lexsort((pairs[:, 0], pairs[:, 1]))].tolist():
+        if not done[high] and leader[low] == low:
+            leader[high], done[high] = low, True
+    return groups_by_first_row(leader)
+
+
 def _components(n: int, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`groups_by_first_row` of the connected components of `n` rows joined by `pairs` `[n_pairs, 2]`."""
     from scipy.sparse import coo_matrix
@@ -242,19 +299,21 @@ def _components(n: int, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
 def near_duplicate_groups(token_rows: Sequence[Any], threshold: float, *, shingle: int = SHINGLE,
                           n_hashes: int = N_HASHES, seed: int = ClusterSelectConfig.selection_seed,
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Group examples whose token shingles have an estimated Jaccard similarity of at least `threshold`.
+    """Group examples whose token shingles have a Jaccard similarity of at least `threshold` with their group's first.
 
-    MinHash (Broder 1997) → LSH banding (Indyk & Motwani 1998) → pairs verified by their estimated Jaccard →
-    connected components; see the module docstring for the method, the banding and the measured time.
+    Template shingles left out → MinHash (Broder 1997) → LSH banding (Indyk & Motwani 1998) → pairs verified by
+    their exact Jaccard → leader groups; see the module docstring.
 
     Args:
         token_rows (sequence of 1-D int sequences, length `n`): token ids of every example (lists, arrays or CPU
             tensors; lengths may differ, 0 included).
-        threshold (`float`): least estimated Jaccard similarity of two examples' shingle sets, in (0, 1].
+        threshold (`float`): least Jaccard similarity of an example's shingle set with its group's first example's,
+            in (0, 1].
         shingle (`int`, *optional*, defaults to `3`): tokens per shingle (contiguous n-gram), >= 1.
         n_hashes (`int`, *optional*, defaults to `64`): MinHash values per example, >= 1.
         seed (`int`, *optional*, defaults to `ClusterSelectConfig.selection_seed`): seed of the hash functions; the
-            same seed and rows give the same groups.
+            same seed and rows give the same groups (another seed can only miss or find a rare pair: each pair at
+            the threshold is proposed with probability at least 0.999).
     Returns:
         `(inverse [n] int64, first [n_groups] int64, counts [n_groups] int64)`: each example's group, the first
         (lowest-index) example of each group and its size; groups numbered in order of their first example (the
@@ -265,18 +324,14 @@ def near_duplicate_groups(token_rows: Sequence[Any], threshold: float, *, shingl
     """
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 < threshold <= 1.0:
         raise ValueError(f"`threshold` must be a float in (0, 1], got {threshold!r}.")
-    signatures = minhash_signatures(token_rows, shingle=shingle, n_hashes=n_hashes, seed=seed)
+    _check_sizes(shingle, n_hashes)
+    signatures, hashes, starts = _content_sets(token_rows, int(shingle), int(n_hashes), seed)
     n = signatures.shape[0]
     if n == 0:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty
     pairs = _candidate_pairs(signatures, *lsh_bands(float(threshold), int(n_hashes)))
-    needed = math.ceil(float(threshold) * n_hashes - 1e-9)  # agreeing values for an estimate >= threshold
-    block = max(CHUNK_VALUES // int(n_hashes), 1)
-    agree = np.concatenate([np.zeros(0, dtype=np.int64)] + [
-        (signatures[pairs[s: s + block, 0]] == signatures[pairs[s: s + block, 1]]).sum(axis=1)
-        for s in range(0, pairs.shape[0], block)])
-    return _components(n, pairs[agree >= needed])
+    return _leader_groups(n, pairs[_exact_jaccard(pairs, hashes, starts) >= float(threshold) - 1e-12])
 
 
 def union_groups(*partitions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
