@@ -22,7 +22,7 @@ from .config import ClusterSelectConfig
 from .data import has_token_column, token_rows
 from .feature_cache import FeatureCache
 from .features import FEATURES
-from .features.head_tokens import head_kind, token_level_head
+from .features.head_tokens import token_level_head
 from .features.proxy import truncated_layers
 from .reporting.feature_map import feature_map_points
 from .selection import (WITHIN_CLUSTER_RULES, cluster_features, relevance_scores, select_subset, select_targeted,
@@ -190,9 +190,9 @@ def with_auto_resolved(config: ClusterSelectConfig, model: torch.nn.Module, feat
 
 def resolved_auto_settings(config: ClusterSelectConfig, model: torch.nn.Module, feature: str) -> dict:
     """`{"near_duplicate_threshold", "duplicate_weight", "noise_share"}` of `config` for `model` and its resolved
-    `feature` (`RunFacts.feature`), `"auto"` resolved: the token check with `duplicate_weight="one"`, at 0.7 for a
-    classification head and 0.85 for a language model, off for a model without an output head (a user feature) and
-    sharded selection (`settings.resolve_duplicates`); the noise filter at `AUTO_NOISE_SHARE` unless the selection is
+    `feature` (`RunFacts.feature`), `"auto"` resolved: the token check at 0.7 with `duplicate_weight="one"` for a
+    classification head, off for a language model, a model without an output head (a user feature) and sharded
+    selection (`settings.resolve_duplicates`); the noise filter at `AUTO_NOISE_SHARE` unless the selection is
     sharded, `target="eval"` or the feature gives no input states (a user feature) (`settings.resolve_noise_share`;
     the feature pass then reads the pool's noise, `with_noise_filter`: for a classification head an estimate of 0.3
     or more replaces the share, for a language model the filter stays on only when 0.1 or more of the replies
@@ -202,8 +202,9 @@ def resolved_auto_settings(config: ClusterSelectConfig, model: torch.nn.Module, 
     Raises:
         ValueError: for `noise_share` > 0 given explicitly with a feature that gives no input states.
     """
+    token_level = token_level_head(model)
     sharded = bool(getattr(config.cluster_settings, "sharded", False))
-    threshold, weight = resolve_duplicates(config.selection_settings, head=head_kind(model), token_check=not sharded)
+    threshold, weight = resolve_duplicates(config.selection_settings, token_level=token_level, token_check=not sharded)
     with_states = feature in FEATURES.names() and getattr(FEATURES.get(feature), "input_states", False)
     share = resolve_noise_share(config.selection_settings, available=with_states and not sharded
                                 and config.target is None)

@@ -159,11 +159,13 @@ class SelectionSettings:
         near_duplicate_threshold (`float`, `None` or `"auto"`, defaults to `"auto"`): also merge examples whose
             token 3-grams have a Jaccard similarity of at least this with their group's first, in (0, 1], into
             duplicate groups (`selection/near_duplicates.py`: MinHash + LSH over `input_ids`, pairs verified
-            exactly; skipped without `input_ids`); `None` = only rows with identical features are merged. `"auto"`
-            (`resolve_duplicates`) = 0.7 for a classification head, 0.85 for a language model (a prompt shared by
-            2–32 rows merges them only where it is about 11× longer than the rest), `None` without an output head
-            or sharded. Measured (`benchmarks/README.md`, "Noisy and redundant pools"): with 60 % duplicated rows,
-            with `duplicate_weight="one"`, it beat the selection without it on every seed of three tasks.
+            exactly; skipped without `input_ids`); `None` = only rows with identical features are merged. `"auto"` (`resolve_duplicates`) =
+            `AUTO_NEAR_DUPLICATE_THRESHOLD` (0.7) for a model with a classification head, `None` for a language
+            model (whose rows often share a long prompt: with several tasks of 32 rows or fewer, each with its own
+            long instruction, rows of one task would merge) and for sharded selection. Measured (`benchmarks/README.md`, "Noisy and
+            redundant pools"): with 60 % duplicated rows 0.7 with `duplicate_weight="one"` beat the selection
+            without it on every seed of 20 Newsgroups and Natural-Instructions skill classification at f = 0.1 and
+            0.3; on both clean pools it tied.
         duplicate_weight (`str`, defaults to `"auto"`): what a duplicate group's kept copy stands for: `"group"` =
             all its copies (its weight × the group's size: repetition kept as part of the mixture), `"one"` = itself
             (the copies' mass is dropped and the weights rescaled to sum to n, as SemDeDup drops them); `"auto"` =
@@ -192,8 +194,7 @@ class SelectionSettings:
     near_duplicate_threshold: float | str | None = field(default="auto", metadata={
         "help": "Merge examples whose token 3-grams have a Jaccard similarity of at least this, in "
                 "(0, 1], into one candidate (MinHash + LSH over input_ids); None = only identical features merge; "
-                "'auto' = 0.7 for a classification head, 0.85 for a language model, None for a model without an "
-                "output head and for sharded selection."})
+                "'auto' = 0.7 for a classification head, None for a language model and for sharded selection."})
     duplicate_weight: str = field(default="auto", metadata={
         "help": "What the kept copy of a duplicate group stands for: 'group' = all its copies (weight × group "
                 "size); 'one' = itself (the copies' weight is dropped, the rest rescaled to sum to n); 'auto' = "
@@ -278,37 +279,32 @@ def resolve_balance_tokens(balance_tokens: bool | str, world_size: int, budget_u
     return balance_tokens
 
 
-# `near_duplicate_threshold="auto"` per head (benchmarks/README.md, "Noisy and redundant pools"): 0.7 for a
-# classification head; 0.85 for a language model, above the most alike distinct rows of the clean SFT pools
+# `near_duplicate_threshold="auto"` for a classification head: the measured setting (benchmarks/README.md, "Noisy and
+# redundant pools": 20 Newsgroups and Natural-Instructions skill classification with 60 % duplicated rows)
 AUTO_NEAR_DUPLICATE_THRESHOLD = 0.7
-AUTO_LM_NEAR_DUPLICATE_THRESHOLD = 0.85
-HEADS = ("classification", "language_model", None)  # `features.head_tokens.head_kind`
 
 
-def resolve_duplicates(settings: SelectionSettings, *, head: str | None,
+def resolve_duplicates(settings: SelectionSettings, *, token_level: bool,
                        token_check: bool = True) -> tuple[float | None, str]:
     """`(near_duplicate_threshold, duplicate_weight)` with `"auto"` resolved (values given explicitly are kept).
 
     Args:
         settings (`SelectionSettings`): the run's selection settings.
-        head (`str` or `None`): `features.head_tokens.head_kind`: `"classification"`, `"language_model"` (rows
-            often share a long prompt: a higher threshold) or `None` (no output head: no check).
+        token_level (`bool`): whether the model's loss is per token (a language-model head) rather than per
+            example (a classification head): rows of an SFT pool often share a long prompt, so the token check
+            stays off there.
         token_check (`bool`, *optional*, defaults to `True`): whether this path can run the token check at all
             (`False` for sharded selection and for features given without their examples).
     Returns:
-        `tuple[float | None, str]`: `"auto"` threshold → `AUTO_NEAR_DUPLICATE_THRESHOLD` (0.7) for a classification
-        head, `AUTO_LM_NEAR_DUPLICATE_THRESHOLD` (0.85) for a language model, where the check can run, else `None`;
-        `"auto"` weight → `"one"` when that auto threshold is on, else `"group"`.
-    Raises:
-        ValueError: for a `head` outside `HEADS`.
+        `tuple[float | None, str]`: `"auto"` threshold → `AUTO_NEAR_DUPLICATE_THRESHOLD` for a classification head
+        where the check can run, else `None`; `"auto"` weight → `"one"` when that auto threshold is on, else
+        `"group"`.
     """
-    check_choice("head", head, HEADS)
-    auto_threshold = {"classification": AUTO_NEAR_DUPLICATE_THRESHOLD,
-                      "language_model": AUTO_LM_NEAR_DUPLICATE_THRESHOLD}.get(head) if token_check else None
+    auto_on = not token_level and token_check
     threshold = settings.near_duplicate_threshold
     if threshold == AUTO:
-        threshold = auto_threshold
-        weight = "group" if auto_threshold is None else "one"
+        threshold = AUTO_NEAR_DUPLICATE_THRESHOLD if auto_on else None
+        weight = "one" if auto_on else "group"
     else:
         weight = "group"
     if settings.duplicate_weight != AUTO:

@@ -62,7 +62,7 @@ def test_empty_input_and_inputs_of_other_types():
 def test_groups_are_deterministic_and_the_same_for_another_seed_on_clear_cases():
     rows = [UNRELATED, BASE, OTHER, ONE_CHANGED, BASE]
     once = as_lists(near_duplicate_groups(rows, 0.7))
-    assert as_lists(near_duplicate_groups(rows, 0.7)) == once
+    assert as_lists(near_duplicate_groups(rows, 0.7)) == once == as_lists(near_duplicate_groups(rows, np.float32(0.7)))
     assert as_lists(near_duplicate_groups(rows, 0.7, seed=7)) == once
     assert np.array_equal(minhash_signatures(rows), minhash_signatures(rows))
     assert not np.array_equal(minhash_signatures(rows), minhash_signatures(rows, seed=7))
@@ -198,37 +198,26 @@ def test_settings_default_to_auto_and_are_validated_with_their_names():
         ClusterSelectConfig(strategy_kwargs={"duplicate_weight": "all"})
 
 
-@pytest.mark.parametrize("given, head, token_check, expected", [
-    ({}, "classification", True, (0.7, "one")),  # a classification head: the measured check
-    ({}, "language_model", True, (0.85, "one")),  # a language model: higher, its rows share long prompts
-    ({}, None, True, (None, "group")),  # no output head (a user feature): rows may share a long context
-    ({}, "classification", False, (None, "group")),  # sharded selection / no examples: no token check there
-    ({}, "language_model", False, (None, "group")),
-    ({"near_duplicate_threshold": 0.9}, "classification", True, (0.9, "group")),  # a given threshold: old weight
-    ({"near_duplicate_threshold": 0.9}, "language_model", True, (0.9, "group")),
-    ({"near_duplicate_threshold": None}, "classification", True, (None, "group")),
-    ({"duplicate_weight": "group"}, "classification", True, (0.7, "group")),
-    ({"duplicate_weight": "group"}, "language_model", True, (0.85, "group")),
-    ({"duplicate_weight": "one"}, None, True, (None, "one")),
+@pytest.mark.parametrize("given, token_level, token_check, expected", [
+    ({}, False, True, (0.7, "one")),  # a classification head: the measured check
+    ({}, True, True, (None, "group")),  # a language model: rows share long prompts
+    ({}, False, False, (None, "group")),  # sharded selection / no examples: no token check there
+    ({"near_duplicate_threshold": 0.9}, False, True, (0.9, "group")),  # a given threshold keeps the old weight
+    ({"near_duplicate_threshold": 0.9}, True, True, (0.9, "group")),
+    ({"near_duplicate_threshold": None}, False, True, (None, "group")),
+    ({"duplicate_weight": "group"}, False, True, (0.7, "group")),
+    ({"duplicate_weight": "one"}, True, True, (None, "one")),
 ])
-def test_auto_resolves_per_head(given, head, token_check, expected):
+def test_auto_resolves_per_head(given, token_level, token_check, expected):
     from hf_cluster_select.settings import resolve_duplicates
 
     settings = ClusterSelectConfig(strategy_kwargs=given).selection_settings
-    assert resolve_duplicates(settings, head=head, token_check=token_check) == expected
-
-
-def test_an_unknown_head_is_refused():
-    from hf_cluster_select.settings import resolve_duplicates
-
-    with pytest.raises(ValueError, match=r"`head` must be one of \['classification', 'language_model', None\], "
-                                         r"got 'lm'"):
-        resolve_duplicates(ClusterSelectConfig().selection_settings, head="lm")
+    assert resolve_duplicates(settings, token_level=token_level, token_check=token_check) == expected
 
 
 @pytest.mark.parametrize("head, expected", [
     ("BertForSequenceClassification", (0.7, "one")), ("BertForTokenClassification", (0.7, "one")),
-    ("BertForMultipleChoice", (0.7, "one")), ("BertForMaskedLM", (0.85, "one")),
+    ("BertForMultipleChoice", (0.7, "one")), ("BertForMaskedLM", (None, "group")),
     ("BertForQuestionAnswering", (None, "group")), ("BertModel", (None, "group")),
 ])
 def test_auto_per_model_class(head, expected):
@@ -330,20 +319,21 @@ def test_the_trainer_keeps_one_row_per_near_copy_family(tmp_path, _tiny_lm_base,
     assert np.unique(source[plain.selection.indices]).size < 36  # the check above can fail
 
 
-def test_a_language_model_runs_the_check_at_0_85_by_default(tmp_path, _tiny_lm_base, tokenizer, collator):
-    """`"auto"` for a language model is the check at 0.85 with `duplicate_weight="one"`: copies one word in 80
+def test_a_language_model_runs_the_check_at_0_85_when_asked(tmp_path, _tiny_lm_base, tokenizer, collator):
+    """The documented language-model option, the check at 0.85 with `duplicate_weight="one"`: copies one word in 80
     apart (Jaccard 0.93 with their source, 0.86 with each other) are merged, so the 36 kept rows come from 36 sources;
     copies one word in 40 apart are at 0.85 from their source but 0.72 from each other, so where a copy comes before
     its source it leads a group that only the source joins, and only some of the 32 are merged."""
     dataset, source = near_copy_dataset(tokenizer, length=80)
-    trainer, report = train_on(tmp_path / "long", copy.deepcopy(_tiny_lm_base), dataset, collator, noise_share=0.0)
+    option = {"near_duplicate_threshold": 0.85, "duplicate_weight": "one", "noise_share": 0.0}
+    trainer, report = train_on(tmp_path / "long", copy.deepcopy(_tiny_lm_base), dataset, collator, **option)
     assert report["clustering_params"]["near_duplicate_threshold"] == 0.85
     assert report["clustering_params"]["duplicate_weight"] == "one"
     assert report["n_near_duplicate_rows"] == 32
     kept = trainer.selection.indices
     assert kept.size == 36 and np.unique(source[kept]).size == 36
     short, source_short = near_copy_dataset(tokenizer)
-    _, report_short = train_on(tmp_path / "short", copy.deepcopy(_tiny_lm_base), short, collator, noise_share=0.0)
+    _, report_short = train_on(tmp_path / "short", copy.deepcopy(_tiny_lm_base), short, collator, **option)
     assert 0 < report_short["n_near_duplicate_rows"] < 32
 
 
@@ -411,32 +401,29 @@ def test_a_resumed_run_compares_auto_as_what_it_resolved_to():
     """`config_differences` compares the near-duplicate settings resolved: the checkpoint's as its report recorded
     them, the current run's for its own settings and model (`resolve_duplicates`). "auto" and 0.7 / "one" are the
     same for a classification head; a threshold alone means "group" (so it differs from "auto"'s "one"); for a
-    language model "auto" is 0.85 / "one", for a model without an output head None / "group"; without recorded values
-    (an older checkpoint) they compare as given."""
+    language model "auto" is None / "group"; without recorded values (an older checkpoint) they compare as given."""
     from hf_cluster_select.settings import resolve_duplicates
 
     def given(**settings):
         return ClusterSelectConfig(strategy_kwargs=settings)
 
-    def resolved(config, head="classification"):
-        threshold, weight = resolve_duplicates(config.selection_settings, head=head)
+    def resolved(config, token_level=False):
+        threshold, weight = resolve_duplicates(config.selection_settings, token_level=token_level)
         return {"near_duplicate_threshold": threshold, "duplicate_weight": weight}
 
-    def differences(saved, current, head="classification", recorded=True):
+    def differences(saved, current, token_level=False, recorded=True):
         return config_differences(saved.to_dict(), current.to_dict(),
-                                  saved_resolved=resolved(saved, head) if recorded else None,
-                                  current_resolved=resolved(current, head))
+                                  saved_resolved=resolved(saved, token_level) if recorded else None,
+                                  current_resolved=resolved(current, token_level))
 
     auto, spelt = given(), given(near_duplicate_threshold=0.7, duplicate_weight="one")
-    assert differences(auto, spelt) == [] == differences(spelt, auto) == differences(auto, auto, head="language_model")
+    assert differences(auto, spelt) == [] == differences(spelt, auto) == differences(auto, auto, token_level=True)
     threshold_only = given(near_duplicate_threshold=0.7)  # keeps "group"
     assert differences(auto, threshold_only) == ["duplicate_weight: 'one' in the checkpoint, 'group' now"]
     assert differences(threshold_only, auto) == ["duplicate_weight: 'group' in the checkpoint, 'one' now"]
     assert differences(given(duplicate_weight="group"), auto) == ["duplicate_weight: 'group' in the checkpoint, "
                                                                   "'one' now"]
-    assert differences(auto, spelt, head="language_model") == [
-        "near_duplicate_threshold: 0.85 in the checkpoint, 0.7 now"]
-    assert differences(auto, spelt, head=None) == [
+    assert differences(auto, spelt, token_level=True) == [
         "duplicate_weight: 'group' in the checkpoint, 'one' now",
         "near_duplicate_threshold: None in the checkpoint, 0.7 now"]
     assert differences(auto, auto, recorded=False) == []  # an older checkpoint resumed as it was made
@@ -513,3 +500,29 @@ def test_prompts_each_in_half_the_rows_or_fewer_merge_at_0_7_not_at_0_85():
     assert sorted(counts.tolist()) == [20, 20] and inverse[:20].tolist() == [0] * 20
     for seed in range(3):
         assert near_duplicate_groups(first + second, 0.85, seed=seed)[2].tolist() == [1] * 40
+
+
+def test_rows_that_differ_only_in_template_3grams_are_not_near_copies():
+    """Three 40-token instructions, each over the same 50 inputs of 40 tokens, then a 2-token label: each instruction
+    and each label is in 50 of 150 rows (template), so the three rows of one input have the same content 3-grams;
+    their 3-grams taken whole agree at Jaccard about 0.3, and a pair must reach the threshold on both."""
+    rng = np.random.default_rng(3)
+    instructions = [rng.integers(0, 30_000, 40).tolist() for _ in range(3)]
+    labels = [[rng.integers(30_000, 31_000, 2).tolist() for _ in range(2)] for _ in range(3)]
+    inputs = [rng.integers(40_000, 90_000, 40).tolist() for _ in range(50)]
+    rows = [instructions[t] + x + labels[t][k % 2] for k, x in enumerate(inputs) for t in range(3)]
+    for threshold in (0.7, 0.85):
+        assert near_duplicate_groups(rows, threshold)[2].tolist() == [1] * 150
+
+
+def test_why_the_check_is_off_for_a_language_model():
+    """A multi-task SFT pool: 10 tasks of 20 rows, each task's 300-token instruction before 20 tokens of the row's
+    own. No instruction is template (20 rows: under 33, under half), so a task's rows agree at Jaccard 298 / 338 =
+    0.88 and, at 0.85, each task becomes one group of 20: 190 of the 200 rows merged."""
+    rows = []
+    for task in range(10):
+        instruction = list(range(100_000 * (task + 1), 100_000 * (task + 1) + 300))
+        rows += [instruction + list(range(50_000 + 1000 * task + 25 * i, 50_000 + 1000 * task + 25 * i + 20))
+                 for i in range(20)]
+    inverse, first, counts = near_duplicate_groups(rows, 0.85)
+    assert counts.tolist() == [20] * 10 and first.tolist() == list(range(0, 200, 20))

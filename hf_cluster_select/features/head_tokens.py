@@ -130,19 +130,13 @@ def resolve_head(model: torch.nn.Module) -> tuple[torch.nn.Module, bool]:
     return _resolve_head(model), token_level
 
 
-def head_kind(model: torch.nn.Module) -> str | None:
-    """`"language_model"` for a token-level head (`resolve_head`: a language model's output embeddings),
-    `"classification"` for another head the feature pass recognises, `None` for a model without an output head."""
-    try:
-        return "language_model" if resolve_head(model)[1] else "classification"
-    except TypeError:
-        return None
-
-
 def token_level_head(model: torch.nn.Module) -> bool:
-    """Whether `model`'s head is token-level (`head_kind`: a language model's output embeddings); True also for a
+    """Whether `model`'s head is token-level (`resolve_head`: a language model's output embeddings); True also for a
     model without an output head (nothing to read per-class signals from)."""
-    return head_kind(model) != "classification"
+    try:
+        return resolve_head(model)[1]
+    except TypeError:
+        return True
 
 
 def _targets(labels: torch.Tensor | None, inputs: dict, shift: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

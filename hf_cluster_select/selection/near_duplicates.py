@@ -13,9 +13,10 @@ SemDeDup, Abbas et al., arXiv 2303.09540, does it in embedding space):
    (32) rows is left out, so a long shared prompt (a chat template's system prompt, a task's instruction repeated on
    its rows) does not make distinct examples look alike. A row made only of such shingles keeps all of them (rows
    that are nothing but the template are still copies of each other). The prices: where one example has more than
-   32 copies (or fills half the rows) its exact copies still join, its near copies do not; and a prompt shared by 2
-   to 32 rows (under half) is content, so rows that share one at least about 11× longer than the rest of each row
-   (Jaccard 0.85) are near copies of each other (`test_near_duplicates.py` has both cases).
+   32 copies (or fills half the rows) its exact copies still join, its near copies do not (none of them); a prompt
+   shared by 2 to 32 rows (under half) is content, so rows that share one about 11× longer than the rest of each
+   row (Jaccard 0.85; 4.7× at 0.7) are near copies of each other, as a multi-task SFT pool's rows of one task are;
+   and in a pool of fewer than `COMMON_MIN_ROWS` (20) rows no shingle is template (`test_near_duplicates.py`).
 3. *MinHash* (Broder, "On the resemblance and containment of documents", 1997): per example, the minimum of each of
    `n_hashes` seeded hash functions over its shingles. Two examples agree on a hash with probability equal to the
    Jaccard similarity of their shingle sets. Each shingle is hashed once (a polynomial of its tokens and length,
@@ -29,11 +30,12 @@ SemDeDup, Abbas et al., arXiv 2303.09540, does it in embedding space):
    0.9: 10 of 6; 1.0: 1 band of 64). Within a band's bucket each member is paired with the bucket's first
    (lowest-index) row and with the next row of the bucket, not with every other member (linear, not quadratic, in a
    bucket of many copies).
-5. *Verification*: a candidate pair is kept when the *exact* Jaccard similarity of the two rows' shingle sets is at
-   least `threshold`; MinHash only proposes pairs, so the seed changes which rare pairs are proposed, never which
-   pairs pass.
-6. *Leader groups*: in index order, a row joins the group of the lowest-index earlier row it is a kept pair with,
-   if that row leads its group; otherwise it leads a new group. Every member is at least `threshold` from its
+5. *Verification*: a candidate pair is kept when the *exact* Jaccard similarity of the two rows' content shingle
+   sets is at least `threshold`, and so is that of their whole shingle sets, template included (rows that differ
+   only in their template parts, e.g. two instructions over the same input, are not copies); MinHash only proposes
+   pairs, so the seed changes which rare pairs are proposed, never which pairs pass.
+6. *Leader groups*: in index order, a row joins the group of the lowest-index group leader (a row that leads its
+   group) it is a kept pair with; otherwise it leads a new group. Every member is at least `threshold` from its
    group's first row, so two members are at Jaccard at least 2·threshold − 1 (Jaccard distance is a metric); a
    chain of near copies whose two ends are not near copies is not merged into one group, as connected components
    would.
@@ -58,7 +60,7 @@ N_HASHES = 64  # MinHash values per example
 RECALL_AT_THRESHOLD = 0.999  # least probability that a pair at exactly the threshold becomes an LSH candidate
 COMMON_SHARE = 0.5  # a shingle in more than this share of the rows is template, not content
 COMMON_ROWS = 32  # ... or in more than this many rows
-COMMON_MIN_ROWS = 20  # fewer non-empty rows: no shingle is treated as template
+COMMON_MIN_ROWS = 20  # fewer rows: no shingle is treated as template
 CHUNK_VALUES = 1 << 22  # shingles × hashes per block of the signature pass, and pairs × hashes when verifying
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
@@ -170,14 +172,15 @@ def _all_shingles(flat: np.ndarray, lengths: np.ndarray, shingle: int,
     return hashes, sizes
 
 
-def _content(hashes: np.ndarray, per_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's distinct content shingles: `hashes` (`per_row` of them per row, row after row) without a row's
-    repeats of a hash and without template shingles, those in more than `COMMON_SHARE` of the rows or in more than
-    `COMMON_ROWS` rows (none below `COMMON_MIN_ROWS` rows); a row made only of template shingles keeps them all.
-    Returns the kept hashes in row order and how many each row keeps."""
+def _content(hashes: np.ndarray, per_row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's distinct shingles and distinct content shingles: `hashes` (`per_row` of them per row, row after
+    row) without a row's repeats of a hash, then also without template shingles, those in more than `COMMON_SHARE` of
+    the rows or in more than `COMMON_ROWS` rows (none below `COMMON_MIN_ROWS` rows); a row made only of template
+    shingles keeps them all. Returns `(content hashes, content per row, distinct hashes, distinct per row)`, hashes
+    in row order."""
     n = per_row.size
     if n == 0:
-        return hashes, per_row
+        return hashes, per_row, hashes, per_row
     rows = np.repeat(np.arange(n), per_row)
     order = np.argsort(hashes, kind="stable")  # a hash's rows in increasing order, its repeats in a row adjacent
     ordered, owner = hashes[order], rows[order]
@@ -191,19 +194,19 @@ def _content(hashes: np.ndarray, per_row: np.ndarray) -> tuple[np.ndarray, np.nd
     once = np.zeros(hashes.size, dtype=bool)
     once[order[first]] = True
     keep = once & (content | (np.bincount(rows[once & content], minlength=n) == 0)[rows])
-    return hashes[keep], np.bincount(rows[keep], minlength=n)
+    return (hashes[keep], np.bincount(rows[keep], minlength=n), hashes[once], np.bincount(rows[once], minlength=n))
 
 
-def _content_sets(token_rows: Sequence[Any], shingle: int, n_hashes: int,
-                  seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`(signatures [n, n_hashes] uint32, hashes, starts [n + 1])`: every row's MinHash signature and its set of
-    distinct content shingle hashes, `hashes[starts[i]: starts[i + 1]]`."""
+def _content_sets(token_rows: Sequence[Any], shingle: int, n_hashes: int, seed: int) -> tuple[np.ndarray, tuple, tuple]:
+    """`(signatures [n, n_hashes] uint32, (hashes, starts [n + 1]), (all_hashes, all_starts [n + 1]))`: every row's
+    MinHash signature of its content shingles, its set of content shingle hashes, `hashes[starts[i]: starts[i + 1]]`,
+    and its set of all its shingle hashes, template included."""
     flat, lengths = _flatten(token_rows)
     rng = np.random.default_rng([int(seed) % 2**64, 20261222])
     coefficients = rng.integers(0, 2**63, size=shingle + 1, dtype=np.int64).astype(np.uint64) | np.uint64(1)
     multipliers = rng.integers(0, 2**63, size=n_hashes, dtype=np.int64).astype(np.uint64) * np.uint64(2) + np.uint64(1)
     offsets = rng.integers(0, 2**63, size=n_hashes, dtype=np.int64).astype(np.uint64)
-    hashes, per_row = _content(*_all_shingles(flat, lengths, shingle, coefficients))
+    hashes, per_row, every, per_row_every = _content(*_all_shingles(flat, lengths, shingle, coefficients))
     starts = np.r_[0, np.cumsum(per_row)]
     signatures = np.empty((lengths.size, n_hashes), dtype=np.uint32)
     begin, block = 0, max(CHUNK_VALUES // n_hashes, 1)
@@ -214,7 +217,7 @@ def _content_sets(token_rows: Sequence[Any], shingle: int, n_hashes: int,
         values >>= np.uint64(32)
         signatures[begin:end] = np.minimum.reduceat(values, starts[begin:end] - starts[begin], axis=1).T
         begin = end
-    return signatures, hashes, starts
+    return signatures, (hashes, starts), (every, np.r_[0, np.cumsum(per_row_every)])
 
 
 def minhash_signatures(token_rows: Sequence[Any], *, shingle: int = SHINGLE, n_hashes: int = N_HASHES,
@@ -322,16 +325,19 @@ def near_duplicate_groups(token_rows: Sequence[Any], threshold: float, *, shingl
         ValueError: if `threshold` is outside (0, 1], `shingle` or `n_hashes` is not an int >= 1, or a row is not a
             1-D sequence of integers.
     """
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 < threshold <= 1.0:
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.integer, np.floating)) \
+            or not 0.0 < threshold <= 1.0:
         raise ValueError(f"`threshold` must be a float in (0, 1], got {threshold!r}.")
     _check_sizes(shingle, n_hashes)
-    signatures, hashes, starts = _content_sets(token_rows, int(shingle), int(n_hashes), seed)
+    signatures, content, every = _content_sets(token_rows, int(shingle), int(n_hashes), seed)
     n = signatures.shape[0]
     if n == 0:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty
     pairs = _candidate_pairs(signatures, *lsh_bands(float(threshold), int(n_hashes)))
-    return _leader_groups(n, pairs[_exact_jaccard(pairs, hashes, starts) >= float(threshold) - 1e-12])
+    least = float(threshold) - 1e-12
+    pairs = pairs[_exact_jaccard(pairs, *content) >= least]
+    return _leader_groups(n, pairs[_exact_jaccard(pairs, *every) >= least])
 
 
 def union_groups(*partitions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
