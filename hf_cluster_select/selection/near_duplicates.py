@@ -61,7 +61,7 @@ RECALL_AT_THRESHOLD = 0.999  # least probability that a pair at exactly the thre
 COMMON_SHARE = 0.5  # a shingle in more than this share of the rows is template, not content
 COMMON_ROWS = 32  # ... or in more than this many rows
 COMMON_MIN_ROWS = 20  # fewer rows: no shingle is treated as template
-CHUNK_VALUES = 1 << 22  # shingles × hashes per block of the signature pass, and pairs × hashes when verifying
+CHUNK_VALUES = 1 << 22  # tokens per hashing block, shingles × hashes per signature block, hashes per verifying block
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
