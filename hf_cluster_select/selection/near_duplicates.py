@@ -13,7 +13,7 @@ SemDeDup, Abbas et al., arXiv 2303.09540, does it in embedding space):
    (32) rows is left out, so a long shared prompt (a chat template's system prompt, a task's instruction repeated on
    its rows) does not make distinct examples look alike. A row made only of such shingles keeps all of them (rows
    that are nothing but the template are still copies of each other). The prices: where one example has more than
-   32 copies (or fills half the rows) its exact copies still join, its near copies do not (none of them); a prompt
+   about 32 copies (or fills half the rows) its exact copies still join, its near copies stop joining; a prompt
    shared by 2 to 32 rows (under half) is content, so rows that share one about 11× longer than the rest of each
    row (Jaccard 0.85; 4.7× at 0.7) are near copies of each other, as a multi-task SFT pool's rows of one task are;
    and in a pool of fewer than `COMMON_MIN_ROWS` (20) rows no shingle is template (`test_near_duplicates.py`).
@@ -32,8 +32,8 @@ SemDeDup, Abbas et al., arXiv 2303.09540, does it in embedding space):
    bucket of many copies).
 5. *Verification*: a candidate pair is kept when the *exact* Jaccard similarity of the two rows' content shingle
    sets is at least `threshold`, and so is that of their whole shingle sets, template included (rows that differ
-   only in their template parts, e.g. two instructions over the same input, are not copies); MinHash only proposes
-   pairs, so the seed changes which rare pairs are proposed, never which pairs pass.
+   only in their template parts, e.g. two long instructions over the same input, are not copies); MinHash only
+   proposes pairs, so the seed changes which rare pairs are proposed, never which pairs pass.
 6. *Leader groups*: in index order, a row joins the group of the lowest-index group leader (a row that leads its
    group) it is a kept pair with; otherwise it leads a new group. Every member is at least `threshold` from its
    group's first row, so two members are at Jaccard at least 2·threshold − 1 (Jaccard distance is a metric); a
