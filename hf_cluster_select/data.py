@@ -135,6 +135,36 @@ def token_rows(dataset: Any, key: str = "input_ids", batch_rows: int = 4096) -> 
     return [dataset[i][key] for i in range(len(dataset))]
 
 
+REPLY_MASK_KEYS = ("completion_mask", "assistant_masks")  # TRL's masks of the tokens that carry the loss
+
+
+def reply_rows(dataset: Any, batch_rows: int = 4096) -> list | None:
+    """Each example's reply, the token ids that carry its loss, where the dataset says which: the entries of a
+    token `labels` column other than `IGNORE_INDEX`, else the `input_ids` where TRL's `completion_mask` or
+    `assistant_masks` column is 1.
+
+    Args:
+        dataset (map-style dataset of `dict`): tokenized examples.
+        batch_rows (`int`, *optional*, defaults to `4096`): rows per read of a column-store dataset.
+    Returns:
+        `list` of length `n_examples` of 1-D int arrays, or `None` when the examples have no such column or their
+        `labels` are one class id each (a classification head).
+    """
+    if not len(dataset):
+        return None
+    if has_token_column(dataset, "labels"):
+        labels = token_rows(dataset, "labels", batch_rows)
+        if np.ndim(labels[0]) != 1:
+            return None
+        return [values[values != IGNORE_INDEX] for values in map(np.asarray, labels)]
+    key = next((k for k in REPLY_MASK_KEYS if has_token_column(dataset, k)), None)
+    if key is None or not has_token_column(dataset):
+        return None
+    masks = token_rows(dataset, key, batch_rows)
+    return [np.asarray(ids)[np.asarray(mask) == 1] for ids, mask in zip(token_rows(dataset, batch_rows=batch_rows),
+                                                                        masks)]
+
+
 class LossTokensCollator:
     """Builds each example from its loss-bearing tokens alone before calling `collator`, for causal LMs.
 

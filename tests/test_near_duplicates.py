@@ -322,8 +322,8 @@ def test_the_trainer_keeps_one_row_per_near_copy_family(tmp_path, _tiny_lm_base,
 def test_a_language_model_runs_the_check_at_0_85_when_asked(tmp_path, _tiny_lm_base, tokenizer, collator):
     """The documented language-model option, the check at 0.85 with `duplicate_weight="one"`: copies one word in 80
     apart (Jaccard 0.93 with their source, 0.86 with each other) are merged, so the 36 kept rows come from 36 sources;
-    copies one word in 40 apart are at 0.85 from their source but 0.72 from each other, so where a copy comes before
-    its source it leads a group that only the source joins, and only some of the 32 are merged."""
+    copies one word in 40 apart are at 35 / 41 = 0.854 from their source, but their replies (the labels: all but the
+    first 2 tokens) at 33 / 39 = 0.846, so the reply test merges none of them."""
     dataset, source = near_copy_dataset(tokenizer, length=80)
     option = {"near_duplicate_threshold": 0.85, "duplicate_weight": "one", "noise_share": 0.0}
     trainer, report = train_on(tmp_path / "long", copy.deepcopy(_tiny_lm_base), dataset, collator, **option)
@@ -334,7 +334,7 @@ def test_a_language_model_runs_the_check_at_0_85_when_asked(tmp_path, _tiny_lm_b
     assert kept.size == 36 and np.unique(source[kept]).size == 36
     short, source_short = near_copy_dataset(tokenizer)
     _, report_short = train_on(tmp_path / "short", copy.deepcopy(_tiny_lm_base), short, collator, **option)
-    assert 0 < report_short["n_near_duplicate_rows"] < 32
+    assert report_short["n_near_duplicate_rows"] == 0
 
 
 def test_a_classification_head_runs_the_check_by_default(tmp_path, tokenizer):
@@ -513,6 +513,47 @@ def test_rows_that_differ_only_in_template_3grams_are_not_near_copies():
     rows = [instructions[t] + x + labels[t][k % 2] for k, x in enumerate(inputs) for t in range(3)]
     for threshold in (0.7, 0.85):
         assert near_duplicate_groups(rows, threshold)[2].tolist() == [1] * 150
+
+
+def test_replies_keep_the_rows_of_one_task_apart():
+    """The pool of the test below with each row's 20 own tokens split into 10 of input and a 10-token reply: the
+    whole rows agree at 0.88 within a task, their replies not at all, so with `reply_rows` nothing merges; a near
+    copy (2 input tokens changed, same reply) still joins its source; and where every row of a task has the same
+    1-token reply (a class name) the replies do not tell the rows apart, so the task merges as without them."""
+    rows, replies = [], []
+    for task in range(10):
+        instruction = list(range(100_000 * (task + 1), 100_000 * (task + 1) + 300))
+        for i in range(20):
+            own = list(range(50_000 + 1000 * task + 25 * i, 50_000 + 1000 * task + 25 * i + 20))
+            rows.append(instruction + own)
+            replies.append(own[10:])
+    assert near_duplicate_groups(rows, 0.85)[2].tolist() == [20] * 10
+    inverse, first, counts = near_duplicate_groups(rows, 0.85, reply_rows=replies)
+    assert counts.tolist() == [1] * 200 and inverse.tolist() == list(range(200))
+    copy = list(rows[45])
+    copy[305], copy[308] = 7, 8
+    inverse, _, counts = near_duplicate_groups(rows + [copy], 0.85, reply_rows=replies + [replies[45]])
+    assert inverse[200] == inverse[45] == 45 and counts.size == 200
+    one_token = [[task // 20 + 1] for task in range(200)]
+    assert near_duplicate_groups(rows, 0.85, reply_rows=one_token)[2].tolist() == [20] * 10
+    with pytest.raises(ValueError, match="`reply_rows` must hold one reply per row"):
+        near_duplicate_groups(rows, 0.85, reply_rows=replies[:3])
+
+
+def test_reply_rows_reads_the_loss_bearing_tokens():
+    """`data.reply_rows`: a token `labels` column's entries other than -100; TRL's `completion_mask` over
+    `input_ids`; `None` for class-id labels and for rows without either column."""
+    from datasets import Dataset
+
+    from hf_cluster_select.data import reply_rows
+
+    sft = Dataset.from_dict({"input_ids": [[5, 6, 7, 8], [9, 10]], "labels": [[-100, -100, 7, 8], [-100, 10]]})
+    assert [r.tolist() for r in reply_rows(sft)] == [[7, 8], [10]]
+    trl = Dataset.from_dict({"input_ids": [[5, 6, 7, 8], [9, 10]], "completion_mask": [[0, 0, 1, 1], [0, 1]]})
+    assert [r.tolist() for r in reply_rows(trl)] == [[7, 8], [10]]
+    assert [r.tolist() for r in reply_rows([{"input_ids": [1, 2, 3], "labels": [-100, 2, 3]}])] == [[2, 3]]
+    assert reply_rows(Dataset.from_dict({"input_ids": [[1, 2]], "labels": [1]})) is None
+    assert reply_rows(Dataset.from_dict({"input_ids": [[1, 2]]})) is None
 
 
 def test_why_the_check_is_off_for_a_language_model():

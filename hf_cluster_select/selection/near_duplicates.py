@@ -29,11 +29,14 @@ SemDeDup, Abbas et al., arXiv 2303.09540, does it in embedding space):
    at least `RECALL_AT_THRESHOLD` = 0.999 at s = threshold (0.7, 64 hashes: 21 bands of 3 rows; 0.85: 12 of 5;
    0.9: 10 of 6; 1.0: 1 band of 64). Within a band's bucket each member is paired with the bucket's first
    (lowest-index) row and with the next row of the bucket, not with every other member (linear, not quadratic, in a
-   bucket of many copies).
+   bucket of many copies). Where replies are given, the banding runs a second time with each band's key also
+   holding the row's whole set of reply shingles, so two rows with one reply are proposed even in a bucket of many
+   rows that share their prompt content but not their reply (one SFT task's rows under its instruction).
 5. *Verification*: a candidate pair is kept when the *exact* Jaccard similarity of the two rows' content shingle
    sets is at least `threshold`, and so is that of their whole shingle sets, template included (rows that differ
-   only in their template parts, e.g. two long instructions over the same input, are not copies); MinHash only
-   proposes pairs, so the seed changes which rare pairs are proposed, never which pairs pass.
+   only in their template parts, e.g. two long instructions over the same input, are not copies), and, where the
+   replies (loss-bearing tokens) are given, so is that of their replies' shingle sets; MinHash only proposes
+   pairs, so the seed changes which rare pairs are proposed, never which pairs pass.
 6. *Leader groups*: in index order, a row joins the group of the lowest-index group leader (a row that leads its
    group) it is a kept pair with; otherwise it leads a new group. Every member is at least `threshold` from its
    group's first row, so two members are at Jaccard at least 2·threshold − 1 (Jaccard distance is a metric); a
@@ -239,14 +242,15 @@ def minhash_signatures(token_rows: Sequence[Any], *, shingle: int = SHINGLE, n_h
     return _content_sets(token_rows, int(shingle), int(n_hashes), seed)[0]
 
 
-def _candidate_pairs(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
-    """Distinct `(low, high)` row pairs `[n_pairs, 2]` (low < high) that agree on a whole band: every bucket member
-    with the bucket's first row and with the next row of the bucket."""
+def _candidate_pairs(signatures: np.ndarray, bands: int, rows: int, salt: np.ndarray | None = None) -> np.ndarray:
+    """Distinct `(low, high)` row pairs `[n_pairs, 2]` (low < high) that agree on a whole band (and on `salt` `[n]`
+    uint64, where given): every bucket member with the bucket's first row and with the next row of the bucket."""
     n = signatures.shape[0]
     found = []
     weights = _mix(np.arange(1, rows + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) | np.uint64(1)
     for band in range(bands):
-        keys = _mix((signatures[:, band * rows: (band + 1) * rows] * weights).sum(axis=1, dtype=np.uint64))
+        keys = (signatures[:, band * rows: (band + 1) * rows] * weights).sum(axis=1, dtype=np.uint64)
+        keys = _mix(keys if salt is None else keys ^ salt)
         order = np.argsort(keys, kind="stable")  # a bucket's rows in increasing order
         sorted_keys = keys[order]
         same = sorted_keys[1:] == sorted_keys[:-1]
@@ -299,8 +303,19 @@ def _components(n: int, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     return groups_by_first_row(connected_components(graph, directed=False)[1])
 
 
-def near_duplicate_groups(token_rows: Sequence[Any], threshold: float, *, shingle: int = SHINGLE,
-                          n_hashes: int = N_HASHES, seed: int = ClusterSelectConfig.selection_seed,
+def _reply_sets(reply_rows: Sequence[Any], shingle: int) -> tuple[np.ndarray, np.ndarray]:
+    """`(hashes, starts [n + 1])`: every reply's set of shingle hashes, `hashes[starts[i]: starts[i + 1]]` (no
+    template rule: a reply is compared whole)."""
+    flat, lengths = _flatten(reply_rows)
+    coefficients = np.random.default_rng(20261207).integers(0, 2**63, size=shingle + 1, dtype=np.int64)
+    hashes, per_row = _all_shingles(flat, lengths, shingle, coefficients.astype(np.uint64) | np.uint64(1))
+    every, per_row_every = _content(hashes, per_row)[2:]
+    return every, np.r_[0, np.cumsum(per_row_every)]
+
+
+def near_duplicate_groups(token_rows: Sequence[Any], threshold: float, *, reply_rows: Sequence[Any] | None = None,
+                          shingle: int = SHINGLE, n_hashes: int = N_HASHES,
+                          seed: int = ClusterSelectConfig.selection_seed,
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Group examples whose token shingles have a Jaccard similarity of at least `threshold` with their group's first.
 
@@ -312,6 +327,11 @@ def near_duplicate_groups(token_rows: Sequence[Any], threshold: float, *, shingl
             tensors; lengths may differ, 0 included).
         threshold (`float`): least Jaccard similarity of an example's shingle set with its group's first example's,
             in (0, 1].
+        reply_rows (sequence of 1-D int sequences, length `n`, *optional*): each example's reply, the tokens that
+            carry its loss (`data.reply_rows`). Given, a pair must also have replies whose shingle sets (whole, no
+            template rule) are at Jaccard at least `threshold`: rows of one SFT task that share a long instruction
+            and differ in their inputs and replies are then not copies. Rows that differ only in their prompts and
+            share a short reply (a class name) are still compared by their prompts alone.
         shingle (`int`, *optional*, defaults to `3`): tokens per shingle (contiguous n-gram), >= 1.
         n_hashes (`int`, *optional*, defaults to `64`): MinHash values per example, >= 1.
         seed (`int`, *optional*, defaults to `ClusterSelectConfig.selection_seed`): seed of the hash functions; the
@@ -322,9 +342,12 @@ def near_duplicate_groups(token_rows: Sequence[Any], threshold: float, *, shingl
         (lowest-index) example of each group and its size; groups numbered in order of their first example (the
         conventions of `duplicates.duplicate_groups`).
     Raises:
-        ValueError: if `threshold` is outside (0, 1], `shingle` or `n_hashes` is not an int >= 1, or a row is not a
-            1-D sequence of integers.
+        ValueError: if `threshold` is outside (0, 1], `shingle` or `n_hashes` is not an int >= 1, a row or reply is
+            not a 1-D sequence of integers, or `reply_rows` has another length than `token_rows`.
     """
+    if reply_rows is not None and len(reply_rows) != len(token_rows):
+        raise ValueError(f"`reply_rows` must hold one reply per row of `token_rows` ({len(token_rows)}), got "
+                         f"{len(reply_rows)}.")
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.integer, np.floating)) \
             or not 0.0 < threshold <= 1.0:
         raise ValueError(f"`threshold` must be a float in (0, 1], got {threshold!r}.")
@@ -334,8 +357,14 @@ def near_duplicate_groups(token_rows: Sequence[Any], threshold: float, *, shingl
     if n == 0:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty
-    pairs = _candidate_pairs(signatures, *lsh_bands(float(threshold), int(n_hashes)))
+    bands = lsh_bands(float(threshold), int(n_hashes))
+    pairs = _candidate_pairs(signatures, *bands)
     least = float(threshold) - 1e-12
+    if reply_rows is not None:  # also the pairs of one band and one reply set: found in a bucket of one task's rows
+        replies = _reply_sets(reply_rows, int(shingle))
+        salt = np.add.reduceat(replies[0], replies[1][:-1]) if replies[0].size else np.zeros(n, dtype=np.uint64)
+        pairs = np.unique(np.concatenate([pairs, _candidate_pairs(signatures, *bands, salt=salt)]), axis=0)
+        pairs = pairs[_exact_jaccard(pairs, *replies) >= least]
     pairs = pairs[_exact_jaccard(pairs, *content) >= least]
     return _leader_groups(n, pairs[_exact_jaccard(pairs, *every) >= least])
 
