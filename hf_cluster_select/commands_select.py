@@ -264,7 +264,7 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
 
     from .clock import PhaseClock
     from .collate import pad_collate
-    from .data import token_digest
+    from .data import has_replies, token_digest
     from .feature_cache import FeatureCache, feature_identity
     from .persistence import data_fingerprint, save_selection
     from .pipeline import select_with_model
@@ -291,7 +291,8 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
     lengths = np.asarray([len(e["input_ids"]) for e in examples])
     digest = token_digest(datasets.Dataset.from_list(examples))
     fingerprint = data_fingerprint(lengths, digest)
-    facts = resolve_run_facts(model, config, shift_labels=True, token_digest=digest, strata=strata)
+    facts = resolve_run_facts(model, config, shift_labels=True, token_digest=digest, strata=strata,
+                              replies=has_replies(examples))
     collate = functools.partial(pad_collate, pad_token_id=pad)
     identity = feature_identity(model, config, facts, data_fingerprint=fingerprint, collator=collate,
                                 tokenizer=tokenizer, probe=examples) if config.feature_cache else None

@@ -138,6 +138,23 @@ def token_rows(dataset: Any, key: str = "input_ids", batch_rows: int = 4096) -> 
 REPLY_MASK_KEYS = ("completion_mask", "assistant_masks")  # TRL's masks of the tokens that carry the loss
 
 
+def has_replies(dataset: Any) -> bool:
+    """Whether `reply_rows(dataset)` finds each example's reply, read from the column names and the first example:
+    a `labels` column of token labels (not one class id per example), or a `completion_mask` / `assistant_masks`
+    column next to `input_ids`.
+
+    Args:
+        dataset (map-style dataset of `dict`): tokenized examples.
+    Returns:
+        `bool` (`False` for an empty dataset).
+    """
+    if not len(dataset):
+        return False
+    if has_token_column(dataset, "labels"):
+        return np.ndim(dataset[0]["labels"]) == 1
+    return has_token_column(dataset) and any(has_token_column(dataset, key) for key in REPLY_MASK_KEYS)
+
+
 def reply_rows(dataset: Any, batch_rows: int = 4096) -> list | None:
     """Each example's reply, the token ids that carry its loss, where the dataset says which: the entries of a
     token `labels` column other than `IGNORE_INDEX`, else the `input_ids` where TRL's `completion_mask` or
@@ -150,16 +167,11 @@ def reply_rows(dataset: Any, batch_rows: int = 4096) -> list | None:
         `list` of length `n_examples` of 1-D int arrays, or `None` when the examples have no such column or their
         `labels` are one class id each (a classification head).
     """
-    if not len(dataset):
+    if not has_replies(dataset):
         return None
     if has_token_column(dataset, "labels"):
-        labels = token_rows(dataset, "labels", batch_rows)
-        if np.ndim(labels[0]) != 1:
-            return None
-        return [values[values != IGNORE_INDEX] for values in map(np.asarray, labels)]
-    key = next((k for k in REPLY_MASK_KEYS if has_token_column(dataset, k)), None)
-    if key is None or not has_token_column(dataset):
-        return None
+        return [values[values != IGNORE_INDEX] for values in map(np.asarray, token_rows(dataset, "labels", batch_rows))]
+    key = next(k for k in REPLY_MASK_KEYS if has_token_column(dataset, k))
     masks = token_rows(dataset, key, batch_rows)
     return [np.asarray(ids)[np.asarray(mask) == 1] for ids, mask in zip(token_rows(dataset, batch_rows=batch_rows),
                                                                         masks)]

@@ -19,7 +19,7 @@ from . import distributed
 from ._types import NO_LOSS_LABEL, ClusteringResult, RunFacts, Selection, TargetSet
 from .clock import PhaseClock
 from .config import ClusterSelectConfig
-from .data import has_token_column, reply_rows, token_rows
+from .data import has_replies, has_token_column, reply_rows, token_rows
 from .feature_cache import FeatureCache
 from .features import FEATURES
 from .features.head_tokens import token_level_head
@@ -129,7 +129,7 @@ def select_with_model(
     estimate_noise = None  # "auto": the pool's noise is read from the feature pass (`with_noise_filter`)
     if config.selection_settings.noise_share == AUTO:
         estimate_noise = "replies" if token_level_head(model) else "labels"
-    config = with_auto_resolved(config, model, facts.feature)
+    config = with_auto_resolved(config, model, facts.feature, replies=has_replies(dataset))
     if getattr(config.cluster_settings, "sharded", False):
         return _select_sharded_with_model(model, dataset, collator, config=config, facts=facts, lengths=lengths,
                                           clock=clock, batch_size=batch_size, show_progress=show_progress)
@@ -181,18 +181,21 @@ def select_with_model(
                             target_summary, difficulty)
 
 
-def with_auto_resolved(config: ClusterSelectConfig, model: torch.nn.Module, feature: str) -> ClusterSelectConfig:
-    """`config` with the settings `resolved_auto_settings` resolves set to what `"auto"` means for `model` and its
-    resolved `feature`; values the user gave are kept."""
+def with_auto_resolved(config: ClusterSelectConfig, model: torch.nn.Module, feature: str, *,
+                       replies: bool = False) -> ClusterSelectConfig:
+    """`config` with the settings `resolved_auto_settings` resolves set to what `"auto"` means for `model`, its
+    resolved `feature` and whether the examples give their replies; values the user gave are kept."""
     return dataclasses.replace(config, strategy_kwargs={**(config.strategy_kwargs or {}),
-                                                        **resolved_auto_settings(config, model, feature)})
+                                                        **resolved_auto_settings(config, model, feature, replies=replies)})
 
 
-def resolved_auto_settings(config: ClusterSelectConfig, model: torch.nn.Module, feature: str) -> dict:
+def resolved_auto_settings(config: ClusterSelectConfig, model: torch.nn.Module, feature: str, *,
+                           replies: bool = False) -> dict:
     """`{"near_duplicate_threshold", "duplicate_weight", "noise_share"}` of `config` for `model` and its resolved
     `feature` (`RunFacts.feature`), `"auto"` resolved: the token check at 0.7 with `duplicate_weight="one"` for a
-    classification head, off for a language model, a model without an output head (a user feature) and sharded
-    selection (`settings.resolve_duplicates`); the noise filter at `AUTO_NOISE_SHARE` unless the selection is
+    classification head and for a language model whose examples give their replies (`replies`: `data.has_replies`,
+    token `labels` or TRL's completion / assistant masks), off for other language-model data, a model without an
+    output head (a user feature) and sharded selection (`settings.resolve_duplicates`); the noise filter at `AUTO_NOISE_SHARE` unless the selection is
     sharded, `target="eval"` or the feature gives no input states (a user feature) (`settings.resolve_noise_share`;
     the feature pass then reads the pool's noise, `with_noise_filter`: for a classification head an estimate of 0.3
     or more replaces the share, for a language model the filter stays on only when 0.1 or more of the replies
@@ -204,7 +207,8 @@ def resolved_auto_settings(config: ClusterSelectConfig, model: torch.nn.Module, 
     """
     token_level = token_level_head(model)
     sharded = bool(getattr(config.cluster_settings, "sharded", False))
-    threshold, weight = resolve_duplicates(config.selection_settings, token_level=token_level, token_check=not sharded)
+    threshold, weight = resolve_duplicates(config.selection_settings, token_level=token_level, token_check=not sharded,
+                                           replies=replies)
     with_states = feature in FEATURES.names() and getattr(FEATURES.get(feature), "input_states", False)
     share = resolve_noise_share(config.selection_settings, available=with_states and not sharded
                                 and config.target is None)

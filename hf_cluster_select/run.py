@@ -44,7 +44,8 @@ logger = logging.getLogger(__name__)
 
 def resolve_run_facts(model: torch.nn.Module, config: ClusterSelectConfig, *, shift_labels: bool,
                       strata: Sequence[Any] | None = None, token_digest: str | None = None,
-                      model_config: dict | None = None, n_dropped_by_preparation: int | None = None) -> RunFacts:
+                      model_config: dict | None = None, n_dropped_by_preparation: int | None = None,
+                      replies: bool = False) -> RunFacts:
     """The facts of a run, resolved once: the feature for `model` (`features/choice.py`: `feature="auto"` per model,
     blocks really run, precision) and whether losses are weighted, with the facts the caller measured.
 
@@ -52,6 +53,8 @@ def resolve_run_facts(model: torch.nn.Module, config: ClusterSelectConfig, *, sh
         model (`torch.nn.Module`): the model the features come from (the feature model when there is one).
         config (`ClusterSelectConfig`): the selection settings.
         shift_labels (`bool`), strata, token_digest, model_config, n_dropped_by_preparation: see `RunFacts`.
+        replies (`bool`, *optional*, defaults to `False`): whether the training examples give their replies
+            (`data.has_replies`), which turns the language-model near-duplicate check on (`resolved_auto_settings`).
     Returns:
         `RunFacts`.
     Raises:
@@ -64,7 +67,7 @@ def resolve_run_facts(model: torch.nn.Module, config: ClusterSelectConfig, *, sh
                     feature_used=describe_feature(feature, layers, forward_in_bf16(model, autocast)),
                     loss_weighted=bool(weighted), strata=None if strata is None else tuple(strata),
                     token_digest=token_digest, model_config=model_config, n_dropped_by_preparation=n_dropped_by_preparation,
-                    duplicates=resolved_auto_settings(config, model, feature))
+                    duplicates=resolved_auto_settings(config, model, feature, replies=replies))
 
 
 class SelectionRun:

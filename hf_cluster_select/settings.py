@@ -159,13 +159,15 @@ class SelectionSettings:
         near_duplicate_threshold (`float`, `None` or `"auto"`, defaults to `"auto"`): also merge examples whose
             token 3-grams have a Jaccard similarity of at least this with their group's first, in (0, 1], into
             duplicate groups (`selection/near_duplicates.py`: MinHash + LSH over `input_ids`, pairs verified
-            exactly; skipped without `input_ids`); `None` = only rows with identical features are merged. `"auto"` (`resolve_duplicates`) =
-            `AUTO_NEAR_DUPLICATE_THRESHOLD` (0.7) for a model with a classification head, `None` for a language
-            model (whose rows often share a long prompt: with several tasks of 32 rows or fewer, each with its own
-            long instruction, rows of one task would merge) and for sharded selection. Measured (`benchmarks/README.md`, "Noisy and
-            redundant pools"): with 60 % duplicated rows 0.7 with `duplicate_weight="one"` beat the selection
-            without it on every seed of 20 Newsgroups and Natural-Instructions skill classification at f = 0.1 and
-            0.3; on both clean pools it tied.
+            exactly; where the examples say which tokens carry the loss, their replies must be near copies too;
+            skipped without `input_ids`); `None` = only rows with identical features are merged. `"auto"`
+            (`resolve_duplicates`) = `AUTO_NEAR_DUPLICATE_THRESHOLD` (0.7) for a model with a classification head
+            and for a language model whose examples give their replies (token `labels` with -100 where no loss, or
+            TRL's `completion_mask` / `assistant_masks`: `data.has_replies`); `None` for other language-model rows
+            (rows of one task of a multi-task pool, under a long shared instruction, would merge) and for sharded
+            selection. Measured (`benchmarks/README.md`, "Noisy and redundant pools"): with 60 % duplicated rows
+            0.7 with `duplicate_weight="one"` beat the selection without it on every seed of 20 Newsgroups, skill
+            classification and Natural-Instructions SFT at f = 0.1 and 0.3; clean pools: a tie (SFT: nothing merged).
         duplicate_weight (`str`, defaults to `"auto"`): what a duplicate group's kept copy stands for: `"group"` =
             all its copies (its weight × the group's size: repetition kept as part of the mixture), `"one"` = itself
             (the copies' mass is dropped and the weights rescaled to sum to n, as SemDeDup drops them); `"auto"` =
@@ -194,7 +196,8 @@ class SelectionSettings:
     near_duplicate_threshold: float | str | None = field(default="auto", metadata={
         "help": "Merge examples whose token 3-grams have a Jaccard similarity of at least this, in "
                 "(0, 1], into one candidate (MinHash + LSH over input_ids); None = only identical features merge; "
-                "'auto' = 0.7 for a classification head, None for a language model and for sharded selection."})
+                "'auto' = 0.7 for a classification head and for a language model whose rows give their replies "
+                "(token labels, completion_mask), None for other language-model rows and for sharded selection."})
     duplicate_weight: str = field(default="auto", metadata={
         "help": "What the kept copy of a duplicate group stands for: 'group' = all its copies (weight × group "
                 "size); 'one' = itself (the copies' weight is dropped, the rest rescaled to sum to n); 'auto' = "
@@ -279,28 +282,29 @@ def resolve_balance_tokens(balance_tokens: bool | str, world_size: int, budget_u
     return balance_tokens
 
 
-# `near_duplicate_threshold="auto"` for a classification head: the measured setting (benchmarks/README.md, "Noisy and
-# redundant pools": 20 Newsgroups and Natural-Instructions skill classification with 60 % duplicated rows)
+# `near_duplicate_threshold="auto"`: the measured setting (benchmarks/README.md, "Noisy and redundant pools": 20
+# Newsgroups, skill classification and Natural-Instructions / MathQA SFT (with replies) with duplicated rows)
 AUTO_NEAR_DUPLICATE_THRESHOLD = 0.7
 
 
-def resolve_duplicates(settings: SelectionSettings, *, token_level: bool,
-                       token_check: bool = True) -> tuple[float | None, str]:
+def resolve_duplicates(settings: SelectionSettings, *, token_level: bool, token_check: bool = True,
+                       replies: bool = False) -> tuple[float | None, str]:
     """`(near_duplicate_threshold, duplicate_weight)` with `"auto"` resolved (values given explicitly are kept).
 
     Args:
         settings (`SelectionSettings`): the run's selection settings.
         token_level (`bool`): whether the model's loss is per token (a language-model head) rather than per
-            example (a classification head): rows of an SFT pool often share a long prompt, so the token check
-            stays off there.
+            example: rows of an SFT pool often share a long prompt, so the check needs their replies there.
         token_check (`bool`, *optional*, defaults to `True`): whether this path can run the token check at all
             (`False` for sharded selection and for features given without their examples).
+        replies (`bool`, *optional*, defaults to `False`): whether the examples say which of their tokens carry the
+            loss (`data.has_replies`), so that the check also compares the replies.
     Returns:
-        `tuple[float | None, str]`: `"auto"` threshold → `AUTO_NEAR_DUPLICATE_THRESHOLD` for a classification head
-        where the check can run, else `None`; `"auto"` weight → `"one"` when that auto threshold is on, else
-        `"group"`.
+        `tuple[float | None, str]`: `"auto"` threshold → `AUTO_NEAR_DUPLICATE_THRESHOLD` where the check can run,
+        for a classification head, and for a language model whose examples give their replies; else `None`;
+        `"auto"` weight → `"one"` when that auto threshold is on, else `"group"`.
     """
-    auto_on = not token_level and token_check
+    auto_on = token_check and (not token_level or replies)
     threshold = settings.near_duplicate_threshold
     if threshold == AUTO:
         threshold = AUTO_NEAR_DUPLICATE_THRESHOLD if auto_on else None

@@ -59,7 +59,9 @@ def test_select_writes_dataset_report_and_a_reusable_selection(tmp_path, model_f
     text = format_report(out)
     assert format_report(os.path.join(out, "selection_report.json")) == text  # the report file itself works too
     assert text.startswith("kept 10 of 40 examples (25.0%)") and text.count("\n| ") == len(clusters) + 1
-    assert report["n_near_duplicate_rows"] is None and "near duplicates" not in text  # the check is off by default
+    # prompt / completion rows give their replies, so the near-duplicate check runs by default; no row merges here
+    assert report["n_near_duplicate_rows"] == 0 and report["clustering_params"]["near_duplicate_threshold"] == 0.7
+    assert "near duplicates: 0 examples joined an earlier example's group (token check, " in text
     assert report["token_kind"] == "loss" and 0 < report["tokens_kept"] < report["tokens_total"]
     assert (f"\nkept {report['tokens_kept']} of {report['tokens_total']} loss-bearing tokens "
             f"({report['tokens_kept'] / report['tokens_total']:.1%})\n") in text

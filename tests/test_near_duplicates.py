@@ -198,21 +198,23 @@ def test_settings_default_to_auto_and_are_validated_with_their_names():
         ClusterSelectConfig(strategy_kwargs={"duplicate_weight": "all"})
 
 
-@pytest.mark.parametrize("given, token_level, token_check, expected", [
-    ({}, False, True, (0.7, "one")),  # a classification head: the measured check
-    ({}, True, True, (None, "group")),  # a language model: rows share long prompts
-    ({}, False, False, (None, "group")),  # sharded selection / no examples: no token check there
-    ({"near_duplicate_threshold": 0.9}, False, True, (0.9, "group")),  # a given threshold keeps the old weight
-    ({"near_duplicate_threshold": 0.9}, True, True, (0.9, "group")),
-    ({"near_duplicate_threshold": None}, False, True, (None, "group")),
-    ({"duplicate_weight": "group"}, False, True, (0.7, "group")),
-    ({"duplicate_weight": "one"}, True, True, (None, "one")),
+@pytest.mark.parametrize("given, token_level, token_check, replies, expected", [
+    ({}, False, True, False, (0.7, "one")),  # a classification head: the measured check
+    ({}, True, True, True, (0.7, "one")),  # a language model whose rows say which tokens carry the loss
+    ({}, True, True, False, (None, "group")),  # ... and one whose rows do not: rows share long prompts
+    ({}, False, False, False, (None, "group")),  # sharded selection / no examples: no token check there
+    ({}, True, False, True, (None, "group")),
+    ({"near_duplicate_threshold": 0.9}, False, True, False, (0.9, "group")),  # a given threshold keeps the weight
+    ({"near_duplicate_threshold": 0.9}, True, True, True, (0.9, "group")),
+    ({"near_duplicate_threshold": None}, True, True, True, (None, "group")),
+    ({"duplicate_weight": "group"}, False, True, False, (0.7, "group")),
+    ({"duplicate_weight": "one"}, True, True, False, (None, "one")),
 ])
-def test_auto_resolves_per_head(given, token_level, token_check, expected):
+def test_auto_resolves_per_head(given, token_level, token_check, replies, expected):
     from hf_cluster_select.settings import resolve_duplicates
 
     settings = ClusterSelectConfig(strategy_kwargs=given).selection_settings
-    assert resolve_duplicates(settings, token_level=token_level, token_check=token_check) == expected
+    assert resolve_duplicates(settings, token_level=token_level, token_check=token_check, replies=replies) == expected
 
 
 @pytest.mark.parametrize("head, expected", [
@@ -317,6 +319,43 @@ def test_the_trainer_keeps_one_row_per_near_copy_family(tmp_path, _tiny_lm_base,
     assert plain_report["clustering_params"]["near_duplicate_threshold"] is None
     assert plain_report["clustering_params"]["duplicate_weight"] == "group"
     assert np.unique(source[plain.selection.indices]).size < 36  # the check above can fail
+
+
+def test_a_language_model_runs_the_check_by_default_where_its_rows_give_their_replies(
+        tmp_path, _tiny_lm_base, tokenizer, collator):
+    """`"auto"` with a language model: rows with token `labels` (the replies known) get the check at 0.7 with
+    `duplicate_weight="one"`: the 32 near copies merged, 36 kept rows from 36 sources; the same rows without a
+    `labels` column (the collator makes the labels, every token carries loss) get no check, and copies share the
+    budget. (The noise filter, which defers whole families of these random rows, is off.)"""
+    from transformers import DataCollatorForLanguageModeling
+
+    dataset, source = near_copy_dataset(tokenizer)
+    trainer, report = train_on(tmp_path / "labels", copy.deepcopy(_tiny_lm_base), dataset, collator, noise_share=0.0)
+    assert report["clustering_params"]["near_duplicate_threshold"] == 0.7
+    assert report["clustering_params"]["duplicate_weight"] == "one"
+    assert report["n_near_duplicate_rows"] == 32
+    kept = trainer.selection.indices
+    assert kept.size == 36 and np.unique(source[kept]).size == 36
+    plain = dataset.remove_columns("labels")
+    trainer, report = train_on(tmp_path / "plain", copy.deepcopy(_tiny_lm_base), plain,
+                               DataCollatorForLanguageModeling(tokenizer, mlm=False), noise_share=0.0)
+    assert report["clustering_params"]["near_duplicate_threshold"] is None
+    assert report["clustering_params"]["duplicate_weight"] == "group" and report["n_near_duplicate_rows"] is None
+    assert np.unique(source[trainer.selection.indices]).size < 36
+
+
+def test_on_a_pool_without_copies_the_default_check_changes_nothing(tmp_path, _tiny_lm_base, tokenizer, collator):
+    """One row of each of the 40 sources: the check runs by default (the rows have token labels) and merges
+    nothing, and the kept rows and their weights are exactly those of a run with the check off and `"group"`
+    weights."""
+    dataset, source = near_copy_dataset(tokenizer)
+    sources = dataset.select(sorted(int(np.flatnonzero(source == s)[0]) for s in range(40)))
+    auto, report = train_on(tmp_path / "auto", copy.deepcopy(_tiny_lm_base), sources, collator)
+    off, off_report = train_on(tmp_path / "off", copy.deepcopy(_tiny_lm_base), sources, collator,
+                               near_duplicate_threshold=None, duplicate_weight="group")
+    assert report["n_near_duplicate_rows"] == 0 and report["clustering_params"]["near_duplicate_threshold"] == 0.7
+    assert auto.selection.indices.tolist() == off.selection.indices.tolist()
+    assert np.array_equal(auto.selection.weights, off.selection.weights)
 
 
 def test_a_language_model_runs_the_check_at_0_85_when_asked(tmp_path, _tiny_lm_base, tokenizer, collator):
@@ -556,10 +595,11 @@ def test_reply_rows_reads_the_loss_bearing_tokens():
     assert reply_rows(Dataset.from_dict({"input_ids": [[1, 2]]})) is None
 
 
-def test_why_the_check_is_off_for_a_language_model():
+def test_why_a_language_model_needs_its_replies_for_the_check():
     """A multi-task SFT pool: 10 tasks of 20 rows, each task's 300-token instruction before 20 tokens of the row's
-    own. No instruction is template (20 rows: under 33, under half), so a task's rows agree at Jaccard 298 / 338 =
-    0.88 and, at 0.85, each task becomes one group of 20: 190 of the 200 rows merged."""
+    own. No instruction is template (20 rows: under 33, under half), so without the replies a task's rows agree at
+    Jaccard 298 / 338 = 0.88 and, at 0.85, each task becomes one group of 20: 190 of the 200 rows merged (with them:
+    `test_replies_keep_the_rows_of_one_task_apart`)."""
     rows = []
     for task in range(10):
         instruction = list(range(100_000 * (task + 1), 100_000 * (task + 1) + 300))

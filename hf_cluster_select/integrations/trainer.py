@@ -28,7 +28,7 @@ from transformers import Trainer
 from transformers.trainer_utils import seed_worker
 
 from ..config import ClusterSelectConfig, check_target_combination
-from ..data import INDEX_KEY, IndexCollator, IndexedDataset, LossTokensCollator, example_lengths, token_digest
+from ..data import INDEX_KEY, IndexCollator, IndexedDataset, LossTokensCollator, example_lengths, has_replies, token_digest
 from ..feature_cache import model_config_dict
 from ..persistence import load_selection, resolve_resume_checkpoint
 from ..reporting.report import SelectionReport
@@ -135,7 +135,7 @@ class ClusterSelectMixin(SelectionOutputsMixin):
             self.feature_model if self.feature_model is not None else model, self.cluster_config,
             shift_labels=labels_are_shifted(model), strata=self._cs_strata(),  # a missing column fails now
             token_digest=token_digest(self.train_dataset), model_config=model_config_dict(model),
-            n_dropped_by_preparation=self._cs_dropped_by_preparation())
+            n_dropped_by_preparation=self._cs_dropped_by_preparation(), replies=has_replies(self._cs_training_view()[0]))
         name = type(model).__name__
         check_loss_path(loss_weighted=facts.loss_weighted, label_smoothing_factor=args.label_smoothing_factor,
                         has_compute_loss_func=self.compute_loss_func is not None, shift_labels=facts.shift_labels,
