@@ -139,42 +139,46 @@ REPLY_MASK_KEYS = ("completion_mask", "assistant_masks")  # TRL's masks of the t
 
 
 def has_replies(dataset: Any) -> bool:
-    """Whether `reply_rows(dataset)` finds each example's reply, read from the column names and the first example:
-    a `labels` column of token labels (not one class id per example), or a `completion_mask` / `assistant_masks`
-    column next to `input_ids`.
+    """Whether the examples say which of their tokens are the reply: `reply_rows(dataset)` is not `None`.
 
     Args:
         dataset (map-style dataset of `dict`): tokenized examples.
     Returns:
         `bool` (`False` for an empty dataset).
     """
-    if not len(dataset):
-        return False
-    if has_token_column(dataset, "labels"):
-        return np.ndim(dataset[0]["labels"]) == 1
-    return has_token_column(dataset) and any(has_token_column(dataset, key) for key in REPLY_MASK_KEYS)
+    return reply_rows(dataset) is not None
 
 
 def reply_rows(dataset: Any, batch_rows: int = 4096) -> list | None:
     """Each example's reply, the token ids that carry its loss, where the dataset says which: the entries of a
     token `labels` column other than `IGNORE_INDEX`, else the `input_ids` where TRL's `completion_mask` or
-    `assistant_masks` column is 1.
+    `assistant_masks` column is 1. A reply is only *given* where some example's first token carries no loss and a
+    later one does (a masked prompt before its reply): rows whose every token carries the loss (plain text) have
+    no reply apart from the whole row.
 
     Args:
         dataset (map-style dataset of `dict`): tokenized examples.
         batch_rows (`int`, *optional*, defaults to `4096`): rows per read of a column-store dataset.
     Returns:
-        `list` of length `n_examples` of 1-D int arrays, or `None` when the examples have no such column or their
-        `labels` are one class id each (a classification head).
+        `list` of length `n_examples` of 1-D int arrays, or `None` when the examples have no such column, their
+        `labels` are one class id each (a classification head) or no example masks a prompt before its reply.
     """
-    if not has_replies(dataset):
+    if not len(dataset):
         return None
     if has_token_column(dataset, "labels"):
-        return [values[values != IGNORE_INDEX] for values in map(np.asarray, token_rows(dataset, "labels", batch_rows))]
-    key = next(k for k in REPLY_MASK_KEYS if has_token_column(dataset, k))
-    masks = token_rows(dataset, key, batch_rows)
-    return [np.asarray(ids)[np.asarray(mask) == 1] for ids, mask in zip(token_rows(dataset, batch_rows=batch_rows),
-                                                                        masks)]
+        if np.ndim(dataset[0]["labels"]) != 1:
+            return None
+        tokens = token_rows(dataset, "labels", batch_rows)
+        masks = [np.asarray(values) != IGNORE_INDEX for values in tokens]
+    else:
+        key = next((k for k in REPLY_MASK_KEYS if has_token_column(dataset, k)), None)
+        if key is None or not has_token_column(dataset):
+            return None
+        masks = [np.asarray(mask) == 1 for mask in token_rows(dataset, key, batch_rows)]
+        tokens = token_rows(dataset, batch_rows=batch_rows)
+    if not any(mask.size and not mask[0] and mask.any() for mask in masks):
+        return None
+    return [np.asarray(ids)[mask] for ids, mask in zip(tokens, masks)]
 
 
 class LossTokensCollator:

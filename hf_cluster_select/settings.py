@@ -162,8 +162,8 @@ class SelectionSettings:
             exactly; where the examples say which tokens carry the loss, their replies must be near copies too;
             skipped without `input_ids`); `None` = only rows with identical features are merged. `"auto"`
             (`resolve_duplicates`) = `AUTO_NEAR_DUPLICATE_THRESHOLD` (0.7) for a model with a classification head
-            and for a language model whose examples give their replies (token `labels` with -100 where no loss, or
-            TRL's `completion_mask` / `assistant_masks`: `data.has_replies`); `None` for other language-model rows
+            and for a language model whose examples give their replies (a prompt masked before them: token `labels`
+            or TRL's `completion_mask` / `assistant_masks`, `data.has_replies`); `None` for other language-model rows
             (rows of one task of a multi-task pool, under a long shared instruction, would merge) and for sharded
             selection. Measured (`benchmarks/README.md`, "Noisy and redundant pools"): with 60 % duplicated rows
             0.7 with `duplicate_weight="one"` beat the selection without it on every seed of 20 Newsgroups, skill

@@ -581,7 +581,8 @@ def test_replies_keep_the_rows_of_one_task_apart():
 
 def test_reply_rows_reads_the_loss_bearing_tokens():
     """`data.reply_rows`: a token `labels` column's entries other than -100; TRL's `completion_mask` over
-    `input_ids`; `None` for class-id labels and for rows without either column."""
+    `input_ids`; `None` for class-id labels, for rows without either column and for rows none of which masks a
+    prompt before its reply (plain text: every token carries the loss; padding after it is no prompt)."""
     from datasets import Dataset
 
     from hf_cluster_select.data import reply_rows
@@ -593,6 +594,11 @@ def test_reply_rows_reads_the_loss_bearing_tokens():
     assert [r.tolist() for r in reply_rows([{"input_ids": [1, 2, 3], "labels": [-100, 2, 3]}])] == [[2, 3]]
     assert reply_rows(Dataset.from_dict({"input_ids": [[1, 2]], "labels": [1]})) is None
     assert reply_rows(Dataset.from_dict({"input_ids": [[1, 2]]})) is None
+    assert reply_rows(Dataset.from_dict({"input_ids": [[5, 6, 7], [8, 9, 0]], "labels": [[5, 6, 7], [8, 9, -100]]})) \
+        is None
+    assert reply_rows(Dataset.from_dict({"input_ids": [[5, 6]], "completion_mask": [[1, 1]]})) is None
+    mixed = Dataset.from_dict({"input_ids": [[5, 6, 7], [8, 9]], "labels": [[5, 6, 7], [-100, 9]]})
+    assert [r.tolist() for r in reply_rows(mixed)] == [[5, 6, 7], [9]]
 
 
 def test_why_a_language_model_needs_its_replies_for_the_check():

@@ -185,6 +185,9 @@ def test_formats_select_and_mask_exactly(tmp_path, chat_lm, chat_tokenizer, fmt,
         assert any("q_proj" in k for k in changed)
     report = SelectionReport.load(tmp_path / "out" / "selection_report.json")
     assert report.n_dropped_by_preparation == 0 and report.n_examples == 32 and report.kept_indices == kept
+    # the near-duplicate check runs by default where TRL's rows say which tokens carry the loss (completion_mask,
+    # assistant_masks); plain text rows (loss on every token) get none
+    assert report.clustering_params["near_duplicate_threshold"] == (None if fmt == "text" else 0.7)
 
     if peft:  # adapters saved as usual; TRL's card and our section both survive save_model + create_model_card
         trainer.save_model()
