@@ -152,9 +152,9 @@ def has_replies(dataset: Any) -> bool:
 def reply_rows(dataset: Any, batch_rows: int = 4096) -> list | None:
     """Each example's reply, the token ids that carry its loss, where the dataset says which: the entries of a
     token `labels` column other than `IGNORE_INDEX`, else the `input_ids` where TRL's `completion_mask` or
-    `assistant_masks` column is 1. A reply is only *given* where some example's first token carries no loss and a
-    later one does (a masked prompt before its reply): rows whose every token carries the loss (plain text) have
-    no reply apart from the whole row.
+    `assistant_masks` column is 1. A reply is only *given* where some example's first two tokens carry no loss and
+    a later one does (a masked prompt before its reply; a causal LM never scores position 0, so a masked first token
+    alone is no prompt): rows whose every token carries the loss (plain text) have no reply apart from the whole row.
 
     Args:
         dataset (map-style dataset of `dict`): tokenized examples.
@@ -176,7 +176,7 @@ def reply_rows(dataset: Any, batch_rows: int = 4096) -> list | None:
             return None
         masks = [np.asarray(mask) == 1 for mask in token_rows(dataset, key, batch_rows)]
         tokens = token_rows(dataset, batch_rows=batch_rows)
-    if not any(mask.size and not mask[0] and mask.any() for mask in masks):
+    if not any(not mask[:2].any() and mask.any() for mask in masks):
         return None
     return [np.asarray(ids)[mask] for ids, mask in zip(tokens, masks)]
 

@@ -69,21 +69,10 @@ class SelectionOutcome:
 
 
 def select_with_model(
-    model: torch.nn.Module,
-    dataset: Any,
-    collator: Any,
-    *,
-    config: ClusterSelectConfig,
-    facts: RunFacts,
-    lengths: Sequence[int],
-    clock: PhaseClock,
-    batch_size: int,
-    merge_unclusterable: bool = False,
-    show_progress: bool = True,
-    identity: dict | None = None,
-    cache: FeatureCache | None = None,
-    target: TargetSet | None = None,
-    target_identity: dict | None = None,
+    model: torch.nn.Module, dataset: Any, collator: Any, *, config: ClusterSelectConfig, facts: RunFacts,
+    lengths: Sequence[int], clock: PhaseClock, batch_size: int, merge_unclusterable: bool = False,
+    show_progress: bool = True, identity: dict | None = None, cache: FeatureCache | None = None,
+    target: TargetSet | None = None, target_identity: dict | None = None,
 ) -> SelectionOutcome:
     """Choose the training subset with the current model (CluSTER, Kim et al., EMNLP 2026, with fine strata).
 
@@ -193,14 +182,14 @@ def resolved_auto_settings(config: ClusterSelectConfig, model: torch.nn.Module, 
                            replies: bool = False) -> dict:
     """`{"near_duplicate_threshold", "duplicate_weight", "noise_share"}` of `config` for `model` and its resolved
     `feature` (`RunFacts.feature`), `"auto"` resolved: the token check at 0.7 with `duplicate_weight="one"` for a
-    classification head and for a language model whose examples give their replies (`replies`: `data.has_replies`,
-    token `labels` or TRL's completion / assistant masks), off for other language-model data, a model without an
-    output head (a user feature) and sharded selection (`settings.resolve_duplicates`); the noise filter at `AUTO_NOISE_SHARE` unless the selection is
-    sharded, `target="eval"` or the feature gives no input states (a user feature) (`settings.resolve_noise_share`;
-    the feature pass then reads the pool's noise, `with_noise_filter`: for a classification head an estimate of 0.3
-    or more replaces the share, for a language model the filter stays on only when 0.1 or more of the replies
-    disagree with their prompt neighbours'; with a trainer's `target_dataset` it resolves as without one, and the
-    targeted path does not run it).
+    classification head and for a language model whose examples give their replies (`replies`: `data.has_replies`),
+    off for other language-model data, a model without an output head (a user feature) and sharded selection
+    (`settings.resolve_duplicates`); the noise filter at `AUTO_NOISE_SHARE` unless the selection is sharded,
+    `target="eval"` or the feature gives no input states (a user feature) (`settings.resolve_noise_share`; the
+    feature pass then reads the pool's noise, `with_noise_filter`: for a classification head an estimate of 0.3 or
+    more replaces the share, for a language model the filter stays on only when 0.1 or more of the replies disagree
+    with their prompt neighbours'; with a trainer's `target_dataset` it resolves as without one, and the targeted
+    path does not run it).
 
     Raises:
         ValueError: for `noise_share` > 0 given explicitly with a feature that gives no input states.
@@ -249,10 +238,14 @@ def _token_groups(dataset: Any, config: ClusterSelectConfig, clock: PhaseClock) 
 def with_near_duplicates(result: ClusteringResult, token_groups: Any) -> ClusteringResult:
     """`result` with its duplicate groups joined with `token_groups` `[n]` (`union_groups`: an example in a
     feature-space group and a token group joins both) and `params["n_near_duplicate_rows"]`: the examples the
-    token check put into an earlier example's group (n − number of token groups)."""
+    token check put into an earlier example's group (n − number of token groups); warns above half of them."""
     token_groups = np.asarray(token_groups).reshape(-1)
     groups = result.groups if result.groups is not None else np.arange(token_groups.size)
     params = {**result.params, "n_near_duplicate_rows": int(token_groups.size - np.unique(token_groups).size)}
+    if params["n_near_duplicate_rows"] > token_groups.size / 2:
+        logger.warning("the near-duplicate check merged %d of %d examples; if they are not copies (one task's rows "
+                       "under a long instruction, one-word replies), set near_duplicate_threshold=None",
+                       params["n_near_duplicate_rows"], token_groups.size)
     return dataclasses.replace(result, groups=union_groups(groups, token_groups)[0], params=params)
 
 

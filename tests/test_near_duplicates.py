@@ -166,6 +166,20 @@ def test_the_pipeline_joins_token_groups_into_the_clustering_result():
     assert result.groups.tolist() == [0, 1, 2, 3, 4, 1]  # the input is not changed
 
 
+def test_merging_over_half_of_the_pool_warns_with_the_setting_to_turn_it_off(caplog):
+    """3 of 6 examples merged: no warning; 4 of 6 (the multi-task pool of one-word replies merges 190 of 200): a
+    warning naming `near_duplicate_threshold=None`."""
+    from hf_cluster_select.pipeline import with_near_duplicates
+
+    result = ClusteringResult(labels=np.zeros(6, dtype=np.int64), raw_labels=np.zeros(6, dtype=np.int64),
+                              reduced=np.zeros((6, 1)), n_clusters=1, method="kmeans", params={})
+    with caplog.at_level("WARNING", logger="hf_cluster_select.pipeline"):
+        assert with_near_duplicates(result, np.array([0, 0, 0, 0, 1, 2])).params["n_near_duplicate_rows"] == 3
+        assert "near-duplicate" not in caplog.text
+        assert with_near_duplicates(result, np.array([0, 0, 0, 0, 0, 1])).params["n_near_duplicate_rows"] == 4
+    assert "merged 4 of 6 examples" in caplog.text and "near_duplicate_threshold=None" in caplog.text
+
+
 def test_token_rows_reads_datasets_and_lists_of_dicts():
     from datasets import Dataset
 
@@ -591,14 +605,16 @@ def test_reply_rows_reads_the_loss_bearing_tokens():
     assert [r.tolist() for r in reply_rows(sft)] == [[7, 8], [10]]
     trl = Dataset.from_dict({"input_ids": [[5, 6, 7, 8], [9, 10]], "completion_mask": [[0, 0, 1, 1], [0, 1]]})
     assert [r.tolist() for r in reply_rows(trl)] == [[7, 8], [10]]
-    assert [r.tolist() for r in reply_rows([{"input_ids": [1, 2, 3], "labels": [-100, 2, 3]}])] == [[2, 3]]
+    assert [r.tolist() for r in reply_rows([{"input_ids": [1, 2, 3], "labels": [-100, -100, 3]}])] == [[3]]
     assert reply_rows(Dataset.from_dict({"input_ids": [[1, 2]], "labels": [1]})) is None
     assert reply_rows(Dataset.from_dict({"input_ids": [[1, 2]]})) is None
     assert reply_rows(Dataset.from_dict({"input_ids": [[5, 6, 7], [8, 9, 0]], "labels": [[5, 6, 7], [8, 9, -100]]})) \
         is None
     assert reply_rows(Dataset.from_dict({"input_ids": [[5, 6]], "completion_mask": [[1, 1]]})) is None
-    mixed = Dataset.from_dict({"input_ids": [[5, 6, 7], [8, 9]], "labels": [[5, 6, 7], [-100, 9]]})
-    assert [r.tolist() for r in reply_rows(mixed)] == [[5, 6, 7], [9]]
+    masked_bos = Dataset.from_dict({"input_ids": [[5, 6, 7]], "labels": [[-100, 6, 7]]})  # position 0 is never scored
+    assert reply_rows(masked_bos) is None
+    mixed = Dataset.from_dict({"input_ids": [[5, 6, 7], [8, 9, 4]], "labels": [[5, 6, 7], [-100, -100, 4]]})
+    assert [r.tolist() for r in reply_rows(mixed)] == [[5, 6, 7], [4]]
 
 
 def test_why_a_language_model_needs_its_replies_for_the_check():
