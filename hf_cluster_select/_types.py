@@ -123,8 +123,8 @@ class RunFacts:
         n_dropped_by_preparation (`int` or `None`): examples the trainer's data preparation dropped before
             selection (TRL: no loss-bearing token after truncation); `None` = no such step.
         duplicates (`dict` or `None`): `near_duplicate_threshold`, `duplicate_weight` and `noise_share` with `"auto"`
-            resolved for the model and feature (`pipeline.resolved_auto_settings`); a resumed run compares them with
-            the checkpoint's.
+            resolved for the model and feature (`pipeline.resolved_auto_settings`); `select_with_model` selects with
+            them (`None`: it resolves them itself), and a resumed run compares them with the checkpoint's.
     """
 
     shift_labels: bool

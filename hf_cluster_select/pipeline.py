@@ -118,7 +118,10 @@ def select_with_model(
     estimate_noise = None  # "auto": the pool's noise is read from the feature pass (`with_noise_filter`)
     if config.selection_settings.noise_share == AUTO:
         estimate_noise = "replies" if token_level_head(model) else "labels"
-    config = with_auto_resolved(config, model, facts.feature, replies=has_replies(dataset))
+    if facts.duplicates is not None:  # "auto" as the run resolved it once (`run.resolve_run_facts`)
+        config = dataclasses.replace(config, strategy_kwargs={**(config.strategy_kwargs or {}), **facts.duplicates})
+    else:
+        config = with_auto_resolved(config, model, facts.feature, replies=has_replies(dataset))
     if getattr(config.cluster_settings, "sharded", False):
         return _select_sharded_with_model(model, dataset, collator, config=config, facts=facts, lengths=lengths,
                                           clock=clock, batch_size=batch_size, show_progress=show_progress)

@@ -362,7 +362,7 @@ def near_duplicate_groups(token_rows: Sequence[Any], threshold: float, *, reply_
     least = float(threshold) - 1e-12
     if reply_rows is not None:  # also the pairs of one band and one reply set: found in a bucket of one task's rows
         replies = _reply_sets(reply_rows, int(shingle))
-        salt = np.add.reduceat(replies[0], replies[1][:-1]) if replies[0].size else np.zeros(n, dtype=np.uint64)
+        salt = np.add.reduceat(replies[0], replies[1][:-1])  # every reply has a shingle (an empty one: hash 0)
         pairs = np.unique(np.concatenate([pairs, _candidate_pairs(signatures, *bands, salt=salt)]), axis=0)
         pairs = pairs[_exact_jaccard(pairs, *replies) >= least]
     pairs = pairs[_exact_jaccard(pairs, *content) >= least]
