@@ -316,7 +316,8 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
     print(f"[3/4] kept {chosen.n_kept} of {len(examples)} examples in {result.n_clusters} clusters "
           f"(features {features_seconds:.1f} s, clustering and selection {clustering_seconds:.1f} s"
           + ("" if report.n_near_duplicate_rows is None else
-             f"; {report.n_near_duplicate_rows} near-duplicate examples joined an earlier one")
+             f"; {report.n_near_duplicate_rows} near-duplicate examples joined an earlier one, check "
+             f"{report.near_duplicates_seconds or 0.0:.1f} s")
           + ("" if report.n_suspected_noise is None else f"; {report.n_suspected_noise} deferred as suspected noise")
           + ")", flush=True)
     print(f"[4/4] writing {args.output}", flush=True)

@@ -345,8 +345,11 @@ def test_select_reports_the_copies_the_near_duplicate_check_joined(tmp_path, mod
     assert main(["select", "--model", model_folder, "--dataset", str(path), "--prompt-column", "q",
                  "--completion-column", "a", "--data-fraction", "0.25", "--near-duplicate-threshold", "0.7",
                  "--output", out]) == 0
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    printed = capsys.readouterr().out
+    summary = json.loads(printed.strip().splitlines()[-1])
     assert summary["n_near_duplicate_rows"] == 5 and summary["n_kept"] == 11
+    stage = next(line for line in printed.splitlines() if line.startswith("[3/4]"))
+    assert "; 5 near-duplicate examples joined an earlier one, check " in stage  # the check's own seconds
     assert json.load(open(os.path.join(out, "selection_report.json")))["n_near_duplicate_rows"] == 5
     assert ("near duplicates: 5 examples joined an earlier example's group (token check, "
             "near_duplicate_threshold=0.7, duplicate_weight='group', ") in format_report(out)

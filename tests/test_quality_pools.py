@@ -1,5 +1,5 @@
-"""The noisy / redundant pools of `benchmarks/quality_pools.py` and the equal-cost table of `benchmarks/pareto.py`,
-on small synthetic tasks (no model is trained)."""
+"""The noisy / redundant pools of `benchmarks/quality_pools.py`, the equal-cost table of `benchmarks/pareto.py` and
+the gain-against-rate table of `benchmarks/rate_gain.py`, on small synthetic tasks (no model is trained)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ datasets = pytest.importorskip("datasets")
 
 import pareto  # noqa: E402
 import quality_pools  # noqa: E402
+import rate_gain  # noqa: E402
 from quality_tasks import Task  # noqa: E402
 
 
@@ -126,3 +127,37 @@ def test_pareto_never_overwrites_a_result_and_names_unknown_arms(tmp_path, capsy
     point = json.loads((tmp_path / "p.json").read_text())["tasks"][0]["points"][0]
     assert point["outside_curve"] is True and point["gain_at_equal_seconds"] == pytest.approx(0.0)
     assert "† the point's seconds lie outside random's curve" in (tmp_path / "p.md").read_text()
+
+
+def _pool_result(task, gains, higher_is_better=True):
+    """A result whose `default` beats `random_same_steps` by `gains[fraction][seed]` (metric units)."""
+    cells = []
+    for fraction, per_seed in gains.items():
+        for seed, gain in enumerate(per_seed):
+            base = 0.4 if higher_is_better else 2.0
+            cells += [dict(arm="random_same_steps", fraction=fraction, seed=seed, accuracy=base),
+                      dict(arm="default", fraction=fraction, seed=seed,
+                           accuracy=base + (gain if higher_is_better else -gain))]
+    return dict(_result(cells), task=task, metric="accuracy", higher_is_better=higher_is_better)
+
+
+def test_rate_gain_pairs_seeds_per_pool_and_says_where_the_gain_grows():
+    results = [_pool_result("toy", {0.1: [0.05, 0.10, -0.03]}),
+               _pool_result("toy_noise20", {0.1: [0.10, 0.12, 0.02]}),
+               _pool_result("toy_noise40", {0.1: [0.20, 0.10, 0.12]}),
+               _pool_result("toy_dup60", {0.1: [0.01, 0.02, 0.03]})]
+    table = rate_gain.rate_table(results, "default", "random_same_steps")
+    noise = sorted((r for r in table["rows"] if r["kind"] == "noise"), key=lambda r: r["rate"])
+    assert [r["rate"] for r in noise] == [0.0, 0.2, 0.4]  # the clean pool is rate 0 of every kind
+    assert noise[0]["gains"] == pytest.approx({0: 5.0, 1: 10.0, 2: -3.0}) and noise[0]["wins"] == 2
+    assert [r["mean"] for r in noise] == pytest.approx([4.0, 8.0, 14.0])
+    trends = {t["kind"]: t["grows"] for t in table["trends"]}
+    assert trends == {"noise": True, "dup": False}  # 4.0 -> 2.0 on the duplicated pool: shrinks
+    loss = rate_gain.rate_table([_pool_result("t", {0.3: [0.1]}, False), _pool_result("t_dup30", {0.3: [0.2]}, False)],
+                                "default", "random_same_steps")
+    assert [r["mean"] for r in loss["rows"]] == pytest.approx([0.1, 0.2]) and loss["trends"][0]["grows"]
+    assert "+0.200 ± 0.000 (1/1)" in rate_gain.markdown(loss)
+    with pytest.raises(ValueError, match="no noisy or duplicated pool"):
+        rate_gain.rate_table(results[:1], "default", "random_same_steps")
+    with pytest.raises(ValueError, match="one base task expected"):
+        rate_gain.rate_table([results[0], _pool_result("other_noise20", {0.1: [0.1]})], "default", "random_same_steps")
