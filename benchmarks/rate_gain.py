@@ -9,7 +9,10 @@ Reads `benchmarks/quality.py` results of one base task and its corrupted pools (
 optimizer steps, warm-up counted), signed so that positive is better (points of accuracy x 100 for a metric where
 higher is better, nats for a loss). Per corruption kind (label noise, duplicates) and fraction it then says whether
 the mean gain grows with the rate, from the clean pool (rate 0) up: `grows` is true when each rate's mean gain is
-above the one before. Writes `--out` (JSON), and next to it .md (the table) and .png (gain against rate).
+above the one before (None for a single rate). The fraction `f` is a share of each corrupted pool, so with extra
+duplicated rows the same `f` keeps more rows (1.6x at 60 %); `--by n_kept` pairs the pools at the same number of
+kept rows instead (run the duplicated pools at `f * n_clean / n_pool`). Writes `--out` (JSON), and next to it .md
+(the table) and .png (gain against rate).
 """
 
 from __future__ import annotations
@@ -36,10 +39,11 @@ def pool_of(task: str) -> tuple[str, str | None, float]:
     return match.group("base"), kind, (int(match.group("rate")) / 100 if kind else 0.0)
 
 
-def paired_gains(result: dict, arm: str, against: str) -> dict[float, dict[int, float]]:
-    """Per fraction, per seed: the signed gain of `arm` over `against` (scaled: x 100 when higher is better)."""
+def paired_gains(result: dict, arm: str, against: str, by: str = "fraction") -> dict[float, dict[int, float]]:
+    """Per fraction (or, `by="n_kept"`, per number of kept rows), per seed: the signed gain of `arm` over `against`
+    (scaled: x 100 when higher is better)."""
     sign, scale = (1.0, 100.0) if result["higher_is_better"] else (-1.0, 1.0)
-    cells = {(c["arm"], c["fraction"], c["seed"]): c[result["metric"]] for c in result["cells"]}
+    cells = {(c["arm"], c[by], c["seed"]): c[result["metric"]] for c in result["cells"]}
     gains: dict[float, dict[int, float]] = {}
     for (name, fraction, seed), value in sorted(cells.items()):
         if name == arm and (against, fraction, seed) in cells:
@@ -47,8 +51,11 @@ def paired_gains(result: dict, arm: str, against: str) -> dict[float, dict[int, 
     return gains
 
 
-def rate_table(results: list[dict], arm: str, against: str) -> dict:
-    """Rows per (kind, fraction, rate) and, per (kind, fraction), whether the mean gain grows with the rate."""
+def rate_table(results: list[dict], arm: str, against: str, by: str = "fraction") -> dict:
+    """Rows per (kind, fraction, rate) and, per (kind, fraction), whether the mean gain grows with the rate; with
+    `by="n_kept"` the `fraction` key of the rows and trends holds the number of kept rows."""
+    if by not in ("fraction", "n_kept"):
+        raise ValueError(f"by: 'fraction' or 'n_kept' expected, got {by!r}")
     bases = {pool_of(r["task"])[0] for r in results}
     if len(bases) != 1:
         raise ValueError(f"results: one base task expected, got {sorted(bases)}")
@@ -59,7 +66,7 @@ def rate_table(results: list[dict], arm: str, against: str) -> dict:
     rows = []
     for result in results:
         _, kind, rate = pool_of(result["task"])
-        for fraction, per_seed in paired_gains(result, arm, against).items():
+        for fraction, per_seed in paired_gains(result, arm, against, by).items():
             values = np.array(list(per_seed.values()))
             for row_kind in ([kind] if kind else sorted({pool_of(r["task"])[1] for r in results} - {None})):
                 rows.append(dict(kind=row_kind, fraction=fraction, rate=rate, task=result["task"],
@@ -68,10 +75,11 @@ def rate_table(results: list[dict], arm: str, against: str) -> dict:
                                  wins=int((values > 0).sum()), n_seeds=int(values.size)))
     trends = []
     for kind, fraction in sorted({(r["kind"], r["fraction"]) for r in rows}):
-        means = [r["mean"] for r in sorted(rows, key=lambda r: r["rate"]) if (r["kind"], r["fraction"]) == (kind, fraction)]
+        means = [r["mean"] for r in sorted(rows, key=lambda r: r["rate"])
+                 if (r["kind"], r["fraction"]) == (kind, fraction)]
         trends.append(dict(kind=kind, fraction=fraction, means=means,
-                           grows=bool(len(means) > 1 and all(b > a for a, b in zip(means, means[1:])))))
-    return dict(base_task=bases.pop(), arm=arm, against=against, has_clean_pool=bool(clean),
+                           grows=bool(all(b > a for a, b in zip(means, means[1:]))) if len(means) > 1 else None))
+    return dict(base_task=bases.pop(), arm=arm, against=against, by=by, has_clean_pool=bool(clean),
                 metric=results[0]["metric"], higher_is_better=results[0]["higher_is_better"],
                 recipe=results[0]["recipe"], rows=rows, trends=trends)
 
@@ -80,7 +88,8 @@ def markdown(table: dict) -> str:
     """Per kind and fraction: the mean paired gain (± std, seeds won) at each rate, and whether it grows."""
     rates = sorted({r["rate"] for r in table["rows"]})
     unit = "points" if table["higher_is_better"] else "nats"
-    lines = [f"| pool | f | " + " | ".join(f"{100 * r:.0f} %" + (" (clean)" if r == 0 else "") for r in rates)
+    key = "f" if table.get("by", "fraction") == "fraction" else "kept rows"
+    lines = [f"| pool | {key} | " + " | ".join(f"{100 * r:.0f} %" + (" (clean)" if r == 0 else "") for r in rates)
              + " | grows with the rate? |", "|---|---|" + "---|" * len(rates) + "---|"]
     for trend in table["trends"]:
         cells = []
@@ -90,7 +99,7 @@ def markdown(table: dict) -> str:
             cells.append("—" if row is None else f"{row['mean']:+.{1 if unit == 'points' else 3}f} ± "
                          f"{row['std']:.{1 if unit == 'points' else 3}f} ({row['wins']}/{row['n_seeds']})")
         lines.append(f"| {KINDS[trend['kind']]} | {trend['fraction']:g} | " + " | ".join(cells)
-                     + f" | {'yes' if trend['grows'] else 'no'} |")
+                     + f" | {({True: 'yes', False: 'no'}).get(trend['grows'], '— (one rate)')} |")
     lines += ["", f"Paired gain of `{table['arm']}` over `{table['against']}` ({unit}, positive = better; mean ± std "
               f"over seeds, seeds won), task `{table['base_task']}`."]
     return "\n".join(lines)
@@ -108,7 +117,8 @@ def plot(table: dict, path: str) -> None:
         rows = sorted((r for r in table["rows"] if (r["kind"], r["fraction"]) == (trend["kind"], trend["fraction"])),
                       key=lambda r: r["rate"])
         line, = ax.plot([100 * r["rate"] for r in rows], [r["mean"] for r in rows], "o-",
-                        label=f"{KINDS[trend['kind']]}, f = {trend['fraction']:g}")
+                        label=f"{KINDS[trend['kind']]}, " + (f"f = {trend['fraction']:g}" if table.get(
+                            "by", "fraction") == "fraction" else f"{trend['fraction']:g} rows kept"))
         for r in rows:
             ax.plot([100 * r["rate"]] * len(r["gains"]), list(r["gains"].values()), ".", color=line.get_color(),
                     alpha=0.4)
@@ -127,13 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("results", nargs="+", help="benchmarks/quality.py result JSON files of one task's pools")
     parser.add_argument("--arm", default="default", help="the ClusterTrainer arm (default: default)")
     parser.add_argument("--against", default="random_same_steps", help="the baseline arm (default: random_same_steps)")
+    parser.add_argument("--by", choices=("fraction", "n_kept"), default="fraction",
+                        help="pair the pools at the same fraction (default) or the same number of kept rows")
     parser.add_argument("--out", required=True, help="JSON path; its .md and .png are written next to it")
     args = parser.parse_args(argv)
     if os.path.splitext(args.out)[1] != ".json":
         parser.error(f"--out must be a .json path, got {args.out!r}")
     try:
         results = [quality_options.read_result(path, "results") for path in args.results]
-        table = rate_table(results, args.arm, args.against)
+        table = rate_table(results, args.arm, args.against, args.by)
     except ValueError as error:
         parser.error(str(error))
     if not table["rows"]:

@@ -129,14 +129,14 @@ def test_pareto_never_overwrites_a_result_and_names_unknown_arms(tmp_path, capsy
     assert "† the point's seconds lie outside random's curve" in (tmp_path / "p.md").read_text()
 
 
-def _pool_result(task, gains, higher_is_better=True):
+def _pool_result(task, gains, higher_is_better=True, n_pool=100):
     """A result whose `default` beats `random_same_steps` by `gains[fraction][seed]` (metric units)."""
     cells = []
     for fraction, per_seed in gains.items():
         for seed, gain in enumerate(per_seed):
-            base = 0.4 if higher_is_better else 2.0
-            cells += [dict(arm="random_same_steps", fraction=fraction, seed=seed, accuracy=base),
-                      dict(arm="default", fraction=fraction, seed=seed,
+            base, kept = (0.4 if higher_is_better else 2.0), round(fraction * n_pool)
+            cells += [dict(arm="random_same_steps", fraction=fraction, seed=seed, accuracy=base, n_kept=kept),
+                      dict(arm="default", fraction=fraction, seed=seed, n_kept=kept,
                            accuracy=base + (gain if higher_is_better else -gain))]
     return dict(_result(cells), task=task, metric="accuracy", higher_is_better=higher_is_better)
 
@@ -161,3 +161,17 @@ def test_rate_gain_pairs_seeds_per_pool_and_says_where_the_gain_grows():
         rate_gain.rate_table(results[:1], "default", "random_same_steps")
     with pytest.raises(ValueError, match="one base task expected"):
         rate_gain.rate_table([results[0], _pool_result("other_noise20", {0.1: [0.1]})], "default", "random_same_steps")
+
+
+def test_rate_gain_can_pair_the_pools_at_the_same_number_of_kept_rows():
+    clean = _pool_result("toy", {0.1: [0.05], 0.3: [0.01]})
+    dup = _pool_result("toy_dup60", {0.0625: [0.07], 0.1: [0.02]}, n_pool=160)  # 10 and 16 rows kept
+    by_rows = rate_gain.rate_table([clean, dup], "default", "random_same_steps", by="n_kept")
+    assert {(r["fraction"], r["rate"]): r["mean"] for r in by_rows["rows"]} == pytest.approx(
+        {(10, 0.0): 5.0, (30, 0.0): 1.0, (10, 0.6): 7.0, (16, 0.6): 2.0})
+    assert {t["fraction"]: t["grows"] for t in by_rows["trends"]} == {10: True, 16: None, 30: None}
+    assert "| pool | kept rows |" in rate_gain.markdown(by_rows)
+    by_fraction = rate_gain.rate_table([clean, dup], "default", "random_same_steps")
+    assert [t["grows"] for t in by_fraction["trends"] if t["fraction"] == 0.1] == [False]  # 5.0 -> 2.0
+    with pytest.raises(ValueError, match="'fraction' or 'n_kept' expected"):
+        rate_gain.rate_table([clean, dup], "default", "random_same_steps", by="seed")
