@@ -1,7 +1,7 @@
 """The selection's gain over random against the noise or duplication rate of the pool, from quality results.
 
-    python benchmarks/rate_gain.py benchmarks/results/quality_20ng_long.json \
-        benchmarks/results/quality_20ng_noise20_long.json ... --out benchmarks/results/rate_gain_20ng_long.json
+    python benchmarks/rate_gain.py benchmarks/results/quality_20ng_rate_long.json \
+        benchmarks/results/quality_20ng_noise20_rate_long.json ... --out benchmarks/results/rate_gain_20ng_long.json
 
 Reads `benchmarks/quality.py` results of one base task and its corrupted pools (`quality_pools.py`: `<task>`,
 `<task>_noise20`, `<task>_dup60`, ...; nothing is trained). Per pool and fraction, the paired per-seed gain of
@@ -59,6 +59,16 @@ def rate_table(results: list[dict], arm: str, against: str, by: str = "fraction"
     bases = {pool_of(r["task"])[0] for r in results}
     if len(bases) != 1:
         raise ValueError(f"results: one base task expected, got {sorted(bases)}")
+    tasks = [r["task"] for r in results]
+    if len(set(tasks)) != len(tasks):
+        raise ValueError(f"results: each pool once (merge two runs of a pool with quality.py --merge), got {tasks}")
+    recipes = {repr(sorted(r["recipe"].items())) for r in results}
+    if len(recipes) != 1:
+        raise ValueError("results: one recipe expected (the same epochs, learning rate, ...), got "
+                         + "; ".join(f"{r['task']}: {r['recipe']}" for r in results))
+    missing = [r["task"] for r in results if not paired_gains(r, arm, against, by)]
+    if missing:
+        raise ValueError(f"results: no seed of {missing} holds both the arm {arm!r} and {against!r}")
     clean = [r for r in results if pool_of(r["task"])[1] is None]
     if len(clean) == len(results):
         raise ValueError("results: no noisy or duplicated pool among them (a task named <task>_noiseNN or "
@@ -100,6 +110,9 @@ def markdown(table: dict) -> str:
                          f"{row['std']:.{1 if unit == 'points' else 3}f} ({row['wins']}/{row['n_seeds']})")
         lines.append(f"| {KINDS[trend['kind']]} | {trend['fraction']:g} | " + " | ".join(cells)
                      + f" | {({True: 'yes', False: 'no'}).get(trend['grows'], '— (one rate)')} |")
+    if all(t["grows"] is None for t in table["trends"]):
+        lines += ["", "No two rates share a " + ("fraction" if key == "f" else "number of kept rows") + ": nothing to "
+                  "compare (with `--by n_kept`, run the duplicated pools at f * n_clean / n_pool)."]
     lines += ["", f"Paired gain of `{table['arm']}` over `{table['against']}` ({unit}, positive = better; mean ± std "
               f"over seeds, seeds won), task `{table['base_task']}`."]
     return "\n".join(lines)
@@ -148,8 +161,6 @@ def main(argv: list[str] | None = None) -> int:
         table = rate_table(results, args.arm, args.against, args.by)
     except ValueError as error:
         parser.error(str(error))
-    if not table["rows"]:
-        parser.error(f"no seed holds both --arm {args.arm} and --against {args.against}")
     bench_io.write_json(args.out, table)
     stem = os.path.splitext(args.out)[0]
     with open(stem + ".md", "w", encoding="utf-8") as handle:

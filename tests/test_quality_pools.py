@@ -157,6 +157,14 @@ def test_rate_gain_pairs_seeds_per_pool_and_says_where_the_gain_grows():
                                 "default", "random_same_steps")
     assert [r["mean"] for r in loss["rows"]] == pytest.approx([0.1, 0.2]) and loss["trends"][0]["grows"]
     assert "+0.200 ± 0.000 (1/1)" in rate_gain.markdown(loss)
+    with pytest.raises(ValueError, match="each pool once"):
+        rate_gain.rate_table(results + results[2:3], "default", "random_same_steps")
+    other_recipe = dict(results[1], recipe={"num_train_epochs": 10})
+    with pytest.raises(ValueError, match="one recipe expected"):
+        rate_gain.rate_table([results[0], other_recipe], "default", "random_same_steps")
+    with pytest.raises(ValueError, match=r"no seed of \['toy_noise20'\] holds both the arm 'default'"):
+        unpaired = dict(results[1], cells=[c for c in results[1]["cells"] if c["arm"] != "default"])
+        rate_gain.rate_table([results[0], unpaired], "default", "random_same_steps")
     with pytest.raises(ValueError, match="no noisy or duplicated pool"):
         rate_gain.rate_table(results[:1], "default", "random_same_steps")
     with pytest.raises(ValueError, match="one base task expected"):
