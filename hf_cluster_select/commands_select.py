@@ -313,7 +313,8 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
                                    feature_used=facts.feature_used, feature_map=outcome.feature_map,
                                    warmup_steps=0, warmup_seconds=0.0, target=outcome.target)  # no training: no warm-up
     features_seconds, clustering_seconds = report.features_seconds, report.clustering_seconds
-    print(f"[3/4] kept {chosen.n_kept} of {len(examples)} examples in {result.n_clusters} clusters "
+    clusters = f"{result.n_clusters} cluster" + ("s" if result.n_clusters != 1 else "")
+    print(f"[3/4] kept {chosen.n_kept} of {len(examples)} examples in {clusters} "
           f"(features {features_seconds:.1f} s, clustering and selection {clustering_seconds:.1f} s"
           + ("" if report.n_near_duplicate_rows is None else
              f"; {report.n_near_duplicate_rows} near-duplicate examples joined an earlier one, check "
