@@ -25,3 +25,12 @@ def write_json(path: str, result: Any) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=1)
+
+
+def save_figure(fig, path: str) -> None:
+    """Lay out `fig` (a matplotlib Figure), save it as `path` at 110 dpi and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

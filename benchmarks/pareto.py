@@ -24,6 +24,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_io  # noqa: E402
 import quality_options  # noqa: E402
 
 CURVE_ARMS = ("random", "full")
@@ -125,9 +126,7 @@ def plot(tasks: list[dict], path: str) -> None:
         ax.set_ylabel(task["metric"] + (" (higher is better)" if task["higher_is_better"] else " (lower is better)"))
         ax.set_title(task["task"])
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    bench_io.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -140,9 +140,7 @@ def plot(table: dict, path: str) -> None:
     ax.set_ylabel(f"gain over {table['against']} ({'points' if table['higher_is_better'] else 'nats'})")
     ax.set_title(f"{table['base_task']}: gain against the rate")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    bench_io.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
