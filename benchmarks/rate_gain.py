@@ -66,19 +66,21 @@ def rate_table(results: list[dict], arm: str, against: str, by: str = "fraction"
     if len(recipes) != 1:
         raise ValueError("results: one recipe expected (the same epochs, learning rate, ...), got "
                          + "; ".join(f"{r['task']}: {r['recipe']}" for r in results))
-    missing = [r["task"] for r in results if not paired_gains(r, arm, against, by)]
+    gains = {r["task"]: paired_gains(r, arm, against, by) for r in results}
+    missing = [task for task in tasks if not gains[task]]
     if missing:
         raise ValueError(f"results: no seed of {missing} holds both the arm {arm!r} and {against!r}")
     clean = [r for r in results if pool_of(r["task"])[1] is None]
     if len(clean) == len(results):
         raise ValueError("results: no noisy or duplicated pool among them (a task named <task>_noiseNN or "
                          "<task>_dupNN)")
+    kinds = sorted({pool_of(task)[1] for task in tasks} - {None})
     rows = []
     for result in results:
         _, kind, rate = pool_of(result["task"])
-        for fraction, per_seed in paired_gains(result, arm, against, by).items():
+        for fraction, per_seed in gains[result["task"]].items():
             values = np.array(list(per_seed.values()))
-            for row_kind in ([kind] if kind else sorted({pool_of(r["task"])[1] for r in results} - {None})):
+            for row_kind in ([kind] if kind else kinds):  # the clean pool is rate 0 of every kind
                 rows.append(dict(kind=row_kind, fraction=fraction, rate=rate, task=result["task"],
                                  commits=result.get("commits"), gains=per_seed, mean=float(values.mean()),
                                  std=float(values.std(ddof=1)) if values.size > 1 else 0.0,

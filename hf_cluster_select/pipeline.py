@@ -118,10 +118,10 @@ def select_with_model(
     estimate_noise = None  # "auto": the pool's noise is read from the feature pass (`with_noise_filter`)
     if config.selection_settings.noise_share == AUTO:
         estimate_noise = "replies" if token_level_head(model) else "labels"
-    if facts.duplicates is not None:  # "auto" as the run resolved it once (`run.resolve_run_facts`)
-        config = dataclasses.replace(config, strategy_kwargs={**(config.strategy_kwargs or {}), **facts.duplicates})
-    else:
-        config = with_auto_resolved(config, model, facts.feature, replies=has_replies(dataset))
+    resolved = facts.duplicates  # "auto" as the run resolved it once (`run.resolve_run_facts`), else resolved here
+    if resolved is None:
+        resolved = resolved_auto_settings(config, model, facts.feature, replies=has_replies(dataset))
+    config = _with_settings(config, resolved)
     if getattr(config.cluster_settings, "sharded", False):
         return _select_sharded_with_model(model, dataset, collator, config=config, facts=facts, lengths=lengths,
                                           clock=clock, batch_size=batch_size, show_progress=show_progress)
@@ -177,8 +177,12 @@ def with_auto_resolved(config: ClusterSelectConfig, model: torch.nn.Module, feat
                        replies: bool = False) -> ClusterSelectConfig:
     """`config` with the settings `resolved_auto_settings` resolves set to what `"auto"` means for `model`, its
     resolved `feature` and whether the examples give their replies; values the user gave are kept."""
-    return dataclasses.replace(config, strategy_kwargs={**(config.strategy_kwargs or {}),
-                                                        **resolved_auto_settings(config, model, feature, replies=replies)})
+    return _with_settings(config, resolved_auto_settings(config, model, feature, replies=replies))
+
+
+def _with_settings(config: ClusterSelectConfig, settings: dict) -> ClusterSelectConfig:
+    """`config` with `settings` (strategy settings by name) over its `strategy_kwargs`."""
+    return dataclasses.replace(config, strategy_kwargs={**(config.strategy_kwargs or {}), **settings})
 
 
 def resolved_auto_settings(config: ClusterSelectConfig, model: torch.nn.Module, feature: str, *,
