@@ -255,13 +255,15 @@ def format_report(folder: str, examples: int = 3) -> str:
     """The summary and per-cluster Markdown table of a `select` output folder (or of its `selection_report.json`).
 
     Raises:
-        ValueError: if the folder holds no `selection_report.json`.
+        ValueError: if the folder does not exist or holds no `selection_report.json`.
     """
     from .reporting.outputs import REPORT_FILENAME
 
     if os.path.basename(os.path.normpath(folder)) == REPORT_FILENAME and os.path.isfile(folder):
         folder = os.path.dirname(os.path.abspath(folder))  # the report file itself: its folder
     path = os.path.join(folder, REPORT_FILENAME)
+    if not os.path.exists(folder):
+        raise ValueError(f"{folder!r} does not exist: give the `--output` folder of `hf-cluster-select select`.")
     if not os.path.isfile(path):
         raise ValueError(f"{folder!r} holds no {REPORT_FILENAME}: run `hf-cluster-select select` first.")
     with open(path, encoding="utf-8") as handle:

@@ -49,6 +49,9 @@ def check_inputs(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value < 1:
             raise InputError(f"`--{name.replace('_', '-')}` must be >= 1, got {value}.")
+    if not os.path.exists(args.model):
+        raise InputError(f"`--model` {args.model!r} does not exist: give a local folder saved with "
+                         f"`model.save_pretrained(folder)`.")
     if not os.path.isdir(args.model):
         raise InputError(f"`--model` must be a model folder, got {args.model!r}.")
     if not os.path.isfile(os.path.join(args.model, "config.json")):

@@ -141,6 +141,8 @@ def test_bad_columns_paths_and_values_are_one_line_errors(tmp_path, model_folder
         assert err.startswith("hf-cluster-select select: error:") and expected in err and err.count("\n") == 1
     with pytest.raises(ValueError, match="holds no selection_report.json"):
         format_report(str(tmp_path))
+    with pytest.raises(ValueError, match="nothere' does not exist"):
+        format_report(str(tmp_path / "nothere"))
     assert main(["report", str(tmp_path)]) == 2  # the command: one line, no traceback
     assert "hf-cluster-select report: error:" in capsys.readouterr().err
 
@@ -240,6 +242,7 @@ def _bad_inputs(tmp: "os.PathLike", model_folder: str, data_file: str) -> dict[s
         "split missing": (["--dataset", os.path.join(tmp, "dict")], "`--split train` is not in"),
         "split of a file": (["--split", "test"], "`--split test` is not in"),
         "model not a folder": (["--model", data_file], "`--model` must be a model folder"),
+        "model missing": (["--model", os.path.join(tmp, "nothere")], "nothere' does not exist: give a local folder saved"),
         "model without config.json": (["--model", folder("empty_model")], "has no config.json"),
         "model without tokenizer": (["--model", folder("no_tokenizer", **{"config.json": config_json})],
                                     "has no tokenizer (none of tokenizer.json"),
