@@ -146,12 +146,21 @@ def _strata(rows, column: str | None) -> list | None:
     return list(rows[column])
 
 
+def _text(row: dict, column: str, option: str, index: int) -> str:
+    """`row[column]` if it is a string; else an `InputError` naming the option, the column and the row (a null reply
+    or a number would otherwise be trained on as the text "None" or "3")."""
+    value = row[column]
+    if not isinstance(value, str):
+        raise InputError(f"`{option}` {column!r} must hold text, got {type(value).__name__} {value!r} in row {index}.")
+    return value
+
+
 def tokenize(rows, tokenizer, args: argparse.Namespace) -> tuple[list[dict], list[str]]:
     """Tokenized examples (`input_ids`, `attention_mask`, `labels`, -100 where no loss) and a text per example.
 
     Raises:
         InputError: unless exactly one of --text-column, --prompt-column + --completion-column, --messages-column
-            is given and names a column of the dataset.
+            is given and names a column of the dataset; if a text, prompt or completion value is not a string.
     """
     modes = [m for m in ("text", "prompt", "messages") if getattr(args, f"{m}_column")]
     if len(modes) != 1 or (args.prompt_column is None) != (args.completion_column is None):
@@ -162,11 +171,12 @@ def tokenize(rows, tokenizer, args: argparse.Namespace) -> tuple[list[dict], lis
     if missing:
         raise InputError(f"column(s) {missing} not in the dataset (columns: {rows.column_names}).")
     examples, texts = [], []
-    for row in rows:
+    for index, row in enumerate(rows):
         if args.text_column:
-            prompt, answer = "", str(row[args.text_column])
+            prompt, answer = "", _text(row, args.text_column, "--text-column", index)
         elif args.prompt_column:
-            prompt, answer = str(row[args.prompt_column]), str(row[args.completion_column])
+            prompt = _text(row, args.prompt_column, "--prompt-column", index)
+            answer = _text(row, args.completion_column, "--completion-column", index)
         else:
             messages = list(row[args.messages_column])
             prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)

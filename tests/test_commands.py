@@ -259,6 +259,10 @@ def _bad_inputs(tmp: "os.PathLike", model_folder: str, data_file: str) -> dict[s
         "seed below 0": (["--selection-seed", "-1"], "`selection_seed` must be in [0, 2**32 - 1], got -1"),
         "stratify column missing": (["--stratify-column", "topic"], "`--stratify-column` 'topic' is not a column"),
         "loss column missing": (["--prompt-column", "question"], "column(s) ['question'] not in the dataset"),
+        "null completion": (["--dataset", write("null.jsonl", '{"q": "a", "a": "b"}\n{"q": "c", "a": null}\n')],
+                            "`--completion-column` 'a' must hold text, got NoneType None in row 1"),
+        "numeric prompt": (["--dataset", write("number.jsonl", '{"q": 3, "a": "b"}\n')],
+                           "`--prompt-column` 'q' must hold text, got int 3 in row 0"),
     }
 
 
@@ -267,7 +271,7 @@ BAD_CASES = ["dataset missing", "folder not a dataset", "unknown extension", "em
              "model not a folder", "model without config.json", "model without tokenizer",
              "tokenizer that does not load", "output a file", "output not writable", "output not empty",
              "output is the model", "max length 0", "batch size 0", "seed below 0", "stratify column missing",
-             "loss column missing"]
+             "loss column missing", "model missing", "null completion", "numeric prompt"]
 
 
 @pytest.mark.parametrize("case", BAD_CASES)
