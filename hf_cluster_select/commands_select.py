@@ -60,6 +60,7 @@ def check_inputs(args: argparse.Namespace) -> None:
     if not any(os.path.isfile(os.path.join(args.model, name)) for name in TOKENIZER_FILES):
         raise InputError(f"`--model` {args.model!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save it "
                          f"there with `tokenizer.save_pretrained(folder)`.")
+    _check_causal_lm(args.model)
     output = args.output
     if os.path.exists(output) and not os.path.isdir(output):
         raise InputError(f"`--output` {output!r} is a file, not a folder.")
@@ -74,6 +75,24 @@ def check_inputs(args: argparse.Namespace) -> None:
             pass
     except OSError as error:
         raise InputError(f"`--output` {output!r} cannot be written ({_cause(error)}).") from None
+
+
+OUTPUT_COLUMNS = ("cluster_id", "raw_cluster_id", "weight", "kept")  # what `run_select` adds to the user's rows
+
+
+def _check_causal_lm(model: str) -> None:
+    """An `InputError` if the folder's config names architectures and none is a causal language model (a saved
+    `BertForSequenceClassification` would load as a causal LM with a new, untrained head and select silently)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        architectures = AutoConfig.from_pretrained(model).architectures or []
+    except Exception as error:
+        raise InputError(f"`--model` {model!r}: its config.json does not load ({_cause(error)}).") from error
+    if architectures and not set(architectures) & set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()):
+        raise InputError(f"`--model` {model!r} is a {', '.join(architectures)}, not a causal language model: `select` "
+                         f"takes causal LMs only (use `ClusterTrainer` for a classification head).")
 
 
 @contextlib.contextmanager
@@ -287,6 +306,10 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
 
     check_inputs(args)
     rows = load_rows(args.dataset, args.split)
+    taken = [name for name in OUTPUT_COLUMNS if name in rows.column_names]
+    if taken:
+        raise InputError(f"`--dataset` {args.dataset!r} already has the column(s) {taken} that `select` writes: rename "
+                         f"or remove them (a previous selection's `dataset/`: `remove_columns({list(OUTPUT_COLUMNS)})`).")
     strata = _strata(rows, config.stratify_column)
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -340,9 +363,9 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
     weights[chosen.indices] = chosen.weights
     kept = np.zeros(len(examples), dtype=bool)
     kept[chosen.indices] = True
-    table = rows.add_column("cluster_id", result.labels.tolist()).add_column(
-        "raw_cluster_id", result.raw_labels.tolist()).add_column("weight", weights.tolist()).add_column(
-        "kept", kept.tolist())
+    table = rows
+    for name, values in zip(OUTPUT_COLUMNS, (result.labels, result.raw_labels, weights, kept)):
+        table = table.add_column(name, values.tolist())
     table.save_to_disk(os.path.join(args.output, "dataset"))
     table.to_parquet(os.path.join(args.output, "selection.parquet"))
     write_report_files(args.output, report, base_model=None)

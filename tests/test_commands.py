@@ -263,6 +263,12 @@ def _bad_inputs(tmp: "os.PathLike", model_folder: str, data_file: str) -> dict[s
                             "`--completion-column` 'a' must hold text, got NoneType None in row 1"),
         "numeric prompt": (["--dataset", write("number.jsonl", '{"q": 3, "a": "b"}\n')],
                            "`--prompt-column` 'q' must hold text, got int 3 in row 0"),
+        "output column taken": (["--dataset", write("taken.jsonl", '{"q": "a", "a": "b", "kept": true}\n')],
+                                "taken.jsonl' already has the column(s) ['kept'] that `select` writes"),
+        "not a causal LM": (["--model", folder("classifier", **{
+            "config.json": json.dumps({**json.loads(config_json), "architectures": ["BertForSequenceClassification"]}),
+            "tokenizer.json": open(os.path.join(model_folder, "tokenizer.json")).read()})],
+            "is a BertForSequenceClassification, not a causal language model"),
     }
 
 
@@ -271,7 +277,8 @@ BAD_CASES = ["dataset missing", "folder not a dataset", "unknown extension", "em
              "model not a folder", "model without config.json", "model without tokenizer",
              "tokenizer that does not load", "output a file", "output not writable", "output not empty",
              "output is the model", "max length 0", "batch size 0", "seed below 0", "stratify column missing",
-             "loss column missing", "model missing", "null completion", "numeric prompt"]
+             "loss column missing", "model missing", "null completion", "numeric prompt", "output column taken",
+             "not a causal LM"]
 
 
 @pytest.mark.parametrize("case", BAD_CASES)
