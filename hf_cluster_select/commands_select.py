@@ -174,12 +174,24 @@ def _text(row: dict, column: str, option: str, index: int) -> str:
     return value
 
 
+def _last_reply(row: dict, column: str, index: int) -> tuple[list, str]:
+    """`(messages, last message's content)` of `row[column]`; an `InputError` naming --messages-column, the column and
+    the row unless it is a non-empty list of messages whose last has a string "content"."""
+    messages = row[column]
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    if not isinstance(last, dict) or not isinstance(last.get("content"), str):
+        raise InputError(f"`--messages-column` {column!r} must hold a non-empty list of messages whose last has text "
+                         f"\"content\", got {messages!r} in row {index}.")
+    return messages, last["content"]
+
+
 def tokenize(rows, tokenizer, args: argparse.Namespace) -> tuple[list[dict], list[str]]:
     """Tokenized examples (`input_ids`, `attention_mask`, `labels`, -100 where no loss) and a text per example.
 
     Raises:
         InputError: unless exactly one of --text-column, --prompt-column + --completion-column, --messages-column
-            is given and names a column of the dataset; if a text, prompt or completion value is not a string.
+            is given and names a column of the dataset; if a text, prompt or completion value is not a string, or a
+            messages value is not a non-empty list whose last message has string "content".
     """
     modes = [m for m in ("text", "prompt", "messages") if getattr(args, f"{m}_column")]
     if len(modes) != 1 or (args.prompt_column is None) != (args.completion_column is None):
@@ -197,9 +209,8 @@ def tokenize(rows, tokenizer, args: argparse.Namespace) -> tuple[list[dict], lis
             prompt = _text(row, args.prompt_column, "--prompt-column", index)
             answer = _text(row, args.completion_column, "--completion-column", index)
         else:
-            messages = list(row[args.messages_column])
+            messages, answer = _last_reply(row, args.messages_column, index)
             prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
-            answer = str(messages[-1]["content"])
         prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"] if prompt else []
         answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
         if tokenizer.eos_token_id is not None:

@@ -269,6 +269,13 @@ def _bad_inputs(tmp: "os.PathLike", model_folder: str, data_file: str) -> dict[s
             "config.json": json.dumps({**json.loads(config_json), "architectures": ["BertForSequenceClassification"]}),
             "tokenizer.json": open(os.path.join(model_folder, "tokenizer.json")).read()})],
             "is a BertForSequenceClassification, not a causal language model"),
+        "null last message": (["--messages-column", "m", "--dataset", write("null_message.jsonl", json.dumps(
+            {"m": [{"role": "user", "content": "a"}, {"role": "assistant", "content": None}]}) + "\n")],
+            "`--messages-column` 'm' must hold a non-empty list of messages whose last has text \"content\", got "
+            "[{'role': 'user', 'content': 'a'}, {'role': 'assistant', 'content': None}] in row 0"),
+        "no messages": (["--messages-column", "m", "--dataset", write("no_messages.jsonl", '{"m": []}\n')],
+                        "`--messages-column` 'm' must hold a non-empty list of messages whose last has text "
+                        "\"content\", got [] in row 0"),
     }
 
 
@@ -278,7 +285,7 @@ BAD_CASES = ["dataset missing", "folder not a dataset", "unknown extension", "em
              "tokenizer that does not load", "output a file", "output not writable", "output not empty",
              "output is the model", "max length 0", "batch size 0", "seed below 0", "stratify column missing",
              "loss column missing", "model missing", "null completion", "numeric prompt", "output column taken",
-             "not a causal LM"]
+             "not a causal LM", "null last message", "no messages"]
 
 
 @pytest.mark.parametrize("case", BAD_CASES)
@@ -297,6 +304,8 @@ def test_a_bad_input_is_one_line_and_exit_2_before_the_model_loads(case, tmp_pat
     flags = [c for c in changes if c == "--overwrite"]
     changes = [c for c in changes if c != "--overwrite"]
     options.update(zip(changes[::2], changes[1::2]))
+    if "--messages-column" in options:
+        del options["--prompt-column"], options["--completion-column"]
     argv = ["select", *[part for pair in options.items() for part in pair], *flags]
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -433,3 +442,27 @@ def test_a_dataset_tokenized_as_docs_cli_says_trains_on_the_selection(tmp_path, 
     assert run.selection.indices.tolist() == json.load(open(os.path.join(out, "selection_report.json")))["kept_indices"]
     with pytest.raises(ValueError, match="different training data"):
         trainer(dataset.add_column("id", list(range(len(rows)))), "extra").train()
+
+
+def test_messages_column_puts_the_loss_on_the_last_reply_only(model_folder):
+    """`--messages-column`: the chat template renders every message but the last as the prompt (labels −100), the
+    last message's content plus EOS carries the loss."""
+    import argparse
+
+    import datasets
+    from transformers import AutoTokenizer
+
+    from hf_cluster_select.commands_select import tokenize
+
+    tokenizer = AutoTokenizer.from_pretrained(model_folder)
+    tokenizer.chat_template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} {% endfor %}"
+    rows = datasets.Dataset.from_list([{"m": [{"role": "user", "content": "the cat"},
+                                              {"role": "assistant", "content": "sat down"}]}])
+    args = argparse.Namespace(text_column=None, prompt_column=None, completion_column=None, messages_column="m",
+                              max_length=64)
+    examples, texts = tokenize(rows, tokenizer, args)
+    prompt = tokenizer("[user] the cat ", add_special_tokens=False)["input_ids"]
+    answer = tokenizer("sat down", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert examples[0]["input_ids"] == prompt + answer
+    assert examples[0]["labels"] == [-100] * len(prompt) + answer
+    assert texts == ["[user] the cat  sat down"]
