@@ -197,10 +197,11 @@ def tokenize(rows, tokenizer, args: argparse.Namespace) -> tuple[list[dict], lis
     if len(modes) != 1 or (args.prompt_column is None) != (args.completion_column is None):
         raise InputError("give exactly one of --text-column, --prompt-column with --completion-column, or "
                          "--messages-column.")
-    wanted = [c for c in (args.text_column, args.prompt_column, args.completion_column, args.messages_column) if c]
-    missing = [c for c in wanted if c not in rows.column_names]
+    missing = [f"`--{m.replace('_', '-')}` {getattr(args, m)!r}" for m in
+               ("text_column", "prompt_column", "completion_column", "messages_column")
+               if getattr(args, m) and getattr(args, m) not in rows.column_names]
     if missing:
-        raise InputError(f"column(s) {missing} not in the dataset (columns: {rows.column_names}).")
+        raise InputError(f"{', '.join(missing)} not a column of the dataset (columns: {rows.column_names}).")
     examples, texts = [], []
     for index, row in enumerate(rows):
         if args.text_column:

@@ -130,7 +130,7 @@ def test_bad_columns_paths_and_values_are_one_line_errors(tmp_path, model_folder
     assert main(base) == 2
     assert "hf-cluster-select select: error:" in capsys.readouterr().err
     assert main(base + ["--text-column", "nope"]) == 2
-    assert "column(s) ['nope']" in capsys.readouterr().err
+    assert "`--text-column` 'nope' not a column of the dataset (columns: ['q', 'a', 'id'])" in capsys.readouterr().err
     assert main(["select", "--model", model_folder, "--dataset", str(tmp_path / "no.jsonl"), "--text-column", "a",
                  "--output", str(tmp_path / "x")]) == 2
     assert "no.jsonl' does not exist" in capsys.readouterr().err
@@ -258,7 +258,7 @@ def _bad_inputs(tmp: "os.PathLike", model_folder: str, data_file: str) -> dict[s
         "batch size 0": (["--batch-size", "0"], "`--batch-size` must be >= 1, got 0"),
         "seed below 0": (["--selection-seed", "-1"], "`selection_seed` must be in [0, 2**32 - 1], got -1"),
         "stratify column missing": (["--stratify-column", "topic"], "`--stratify-column` 'topic' is not a column"),
-        "loss column missing": (["--prompt-column", "question"], "column(s) ['question'] not in the dataset"),
+        "loss column missing": (["--prompt-column", "question"], "`--prompt-column` 'question' not a column of the dataset (columns: ['q', 'a', 'id'])"),
         "null completion": (["--dataset", write("null.jsonl", '{"q": "a", "a": "b"}\n{"q": "c", "a": null}\n')],
                             "`--completion-column` 'a' must hold text, got NoneType None in row 1"),
         "numeric prompt": (["--dataset", write("number.jsonl", '{"q": 3, "a": "b"}\n')],
