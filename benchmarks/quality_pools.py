@@ -9,6 +9,8 @@ Built offline and deterministically (seeded by `quality_tasks.POOL_SEED`) from t
   `DUPLICATE_SOURCES` of the pool (redundancy concentrated on a few examples, as templated or scraped data repeats),
   half exact, half near duplicates with `NEAR_DUPLICATE_TOKENS` prompt tokens replaced by tokens drawn from the pool
   (SemDeDup, arXiv 2303.09540, removes both kinds). Copies are appended after the original rows.
+- both (`<name>_dup<pct>_noise<pct>`): the copies are made first, then the labels / replies of the whole pool, copies
+  included, replaced, so some copies disagree with their source (the same text labelled twice, differently).
 
 The test set stays clean; `groups_train` follows the rows (a copy keeps its source's group, a noisy row its skill or,
 on a classification task, its new label); `Task.corrupted` marks the rows whose label/reply was replaced and the
@@ -90,25 +92,36 @@ def corrupted(task: Task, label_noise: float = 0.0, duplicates: float = 0.0) -> 
         label_noise (`float`): share of rows (0-1) whose label / reply is replaced.
         duplicates (`float`): extra rows (share 0-1 of the pool) that copy rows of the source set.
     Returns:
-        `Task` named `<name>_noise<pct>` / `<name>_dup<pct>`.
+        `Task` named `<name>_noise<pct>` / `<name>_dup<pct>` / `<name>_dup<pct>_noise<pct>`.
     """
     from datasets import Dataset
 
     rng = np.random.default_rng([POOL_SEED, round(100 * label_noise), round(100 * duplicates)])
     rows, groups = _rows(task.train), np.asarray(task.groups_train)
-    name, changed = task.name, np.zeros(len(rows), dtype=bool)
-    if label_noise:
+    changed = np.zeros(len(rows), dtype=bool)
+
+    def add_noise(rows, groups, changed):
         clean = rows
         if _is_sft(rows):
             rows = _swap_replies(rows, groups, label_noise, rng)
         else:
             rows = _flip_labels(rows, task.n_groups, label_noise, rng)
             groups = np.asarray([r["labels"] for r in rows])
-        changed = np.array([a["labels"] != b["labels"] for a, b in zip(rows, clean)])
-        name += f"_noise{round(100 * label_noise)}"
-    if duplicates:
+        return rows, groups, changed | np.array([a["labels"] != b["labels"] for a, b in zip(rows, clean)])
+
+    def add_copies(rows, groups, changed):
         copies, sources = _duplicate(rows, duplicates, rng)
-        rows, groups = rows + copies, np.concatenate([groups, groups[sources]])
-        changed = np.concatenate([changed, np.ones(len(copies), dtype=bool)])
-        name += f"_dup{round(100 * duplicates)}"
+        return (rows + copies, np.concatenate([groups, groups[sources]]),
+                np.concatenate([changed, np.ones(len(copies), dtype=bool)]))
+
+    if label_noise and duplicates:  # copies first: a copy's label / reply may then be replaced (annotators disagree)
+        rows, groups, changed = add_noise(*add_copies(rows, groups, changed))
+        name = f"{task.name}_dup{round(100 * duplicates)}_noise{round(100 * label_noise)}"
+    else:
+        if label_noise:
+            rows, groups, changed = add_noise(rows, groups, changed)
+        if duplicates:
+            rows, groups, changed = add_copies(rows, groups, changed)
+        name = task.name + (f"_noise{round(100 * label_noise)}" if label_noise else "") + (
+            f"_dup{round(100 * duplicates)}" if duplicates else "")
     return dataclasses.replace(task, name=name, train=Dataset.from_list(rows), groups_train=groups, corrupted=changed)

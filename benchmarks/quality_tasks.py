@@ -15,7 +15,8 @@
 
 - `20ng_noise20`, `20ng_noise40`, `ni_noise20`, `ni_noise40` (and `niclass_...`): the same pools with 20 / 40% of the labels replaced
   (20ng) or of the replies swapped with another skill's (ni); `20ng_dup30`, `20ng_dup60`, `ni_dup30`, `ni_dup60` (and `niclass_...`,
-  `mathqa_...`): with 30 / 60% extra rows that exactly or nearly duplicate rows of the pool (`quality_pools.py`). Test sets clean.
+  `mathqa_...`): with 30 / 60% extra rows that exactly or nearly duplicate rows of the pool (`quality_pools.py`);
+  `20ng_dup60_noise20`: both, the copies made first, so some copies are relabelled. Test sets clean.
 
 Pools are fixed by `POOL_SEED`; the run seed changes the random subset, the selection seed and the model's head
 initialisation, identically for every arm of that seed.
@@ -284,5 +285,6 @@ for _name in ("20ng", "niclass", "ni"):
         TASKS[f"{_name}_noise{_rate}"] = _corrupted_loader(TASKS[_name], label_noise=_rate / 100)
     for _rate in (30, 60):
         TASKS[f"{_name}_dup{_rate}"] = _corrupted_loader(TASKS[_name], duplicates=_rate / 100)
+TASKS["20ng_dup60_noise20"] = _corrupted_loader(TASKS["20ng"], duplicates=0.6, label_noise=0.2)  # relabelled copies
 for _rate in (30, 60):  # a second SFT task for the language model's near-duplicate check
     TASKS[f"mathqa_dup{_rate}"] = _corrupted_loader(TASKS["mathqa"], duplicates=_rate / 100)

@@ -81,6 +81,22 @@ def test_duplicates_copy_a_small_source_set_half_exactly(sft):
                            for c in copies]])
 
 
+def test_both_make_the_copies_first_so_some_copies_are_relabelled():
+    clean = _task(sft=False)
+    both = quality_pools.corrupted(clean, duplicates=0.5, label_noise=0.25)
+    assert both.name == "toy_dup50_noise25" and len(both.train) == 60
+    labels, inputs = np.asarray(both.train["labels"]), both.train["input_ids"]
+    originals = clean.train["input_ids"]
+    flipped = labels[:40] != np.asarray(clean.train["labels"])
+    exact = [i for i in range(40, 60) if inputs[i] in originals]
+    source = {i: originals.index(inputs[i]) for i in exact}
+    relabelled = [i for i in exact if labels[i] != labels[source[i]]]
+    assert int(flipped.sum()) + sum(labels[i] != clean.train["labels"][source[i]] for i in exact) <= 15
+    assert relabelled  # the same text with two labels: what the near-duplicate check must not merge
+    assert both.corrupted[40:].all() and np.array_equal(both.corrupted[:40], flipped)
+    assert np.array_equal(both.groups_train, labels)  # a classification pool's groups follow the (new) labels
+
+
 def _result(cells):
     return {"task": "toy", "metric": "accuracy", "higher_is_better": True, "n_train": 10, "recipe": {},
             "cells": cells}
