@@ -227,10 +227,9 @@ def with_resolved_settings(result: ClusteringResult, config: ClusterSelectConfig
 
 
 def _token_groups(dataset: Any, config: ClusterSelectConfig, clock: PhaseClock) -> np.ndarray | None:
-    """Near-duplicate group of every example by its `input_ids`, its class label where it has one
-    (`data.class_labels`) and, where the dataset says which tokens carry the loss (`data.reply_rows`), its reply
-    `[n]` on rank 0 (`None` on other ranks, when `near_duplicate_threshold` is unset, or when the examples have no
-    `input_ids`), timed as the `near_duplicates` phase."""
+    """Near-duplicate group `[n]` of every example by its `input_ids`, class id (`data.class_labels`) and reply where
+    known (`data.reply_rows`), on rank 0 (`None` on other ranks, when `near_duplicate_threshold` is unset, or when
+    the examples have no `input_ids`), timed as the `near_duplicates` phase."""
     threshold = config.selection_settings.near_duplicate_threshold
     if threshold is None or not has_token_column(dataset):
         return None

@@ -371,8 +371,7 @@ def near_duplicate_groups(token_rows: Sequence[Any], threshold: float, *, reply_
         pairs = pairs[_exact_jaccard(pairs, *replies) >= least]
     pairs = pairs[_exact_jaccard(pairs, *content) >= least]
     if labels is not None:  # a copy with another label is no copy
-        labels = np.asarray(labels).reshape(-1)
-        pairs = pairs[labels[pairs[:, 0]] == labels[pairs[:, 1]]]
+        pairs = pairs[np.equal(*np.asarray(labels).reshape(-1)[pairs.T])]
     return _leader_groups(n, pairs[_exact_jaccard(pairs, *every) >= least])
 
 
