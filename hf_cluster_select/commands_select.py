@@ -1,6 +1,6 @@
 """`hf-cluster-select select`: a selection without training, written for inspection and reuse (layer L5).
 
-Reads a dataset, tokenizes it for a causal LM (loss on the text, the completion, or the last assistant turn),
+Reads a dataset, tokenizes it for a causal LM (loss on the text, the completion, or the last message of a chat),
 computes the configured learning-effect features with the model as it is (no warm-up: there is no training run),
 clusters, selects, and writes the outputs described in `commands.py`.
 """
@@ -8,222 +8,18 @@ clusters, selects, and writes the outputs described in `commands.py`.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import os
-import tempfile
 from typing import Any
 
 import numpy as np
 
 from .config import ClusterSelectConfig
-from .loss_tokens import IGNORE_INDEX
+from .select_inputs import (OUTPUT_COLUMNS, InputError, check_inputs, error_cause, load_rows, strata_values,
+                            tokenize)
 
-DATA_KINDS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.json",
-                   "vocab.txt")  # one of them: a folder with a tokenizer
-
-
-class InputError(ValueError):
-    """A bad `select` input (option, data, model or output folder), found and named before any feature work."""
-
-
-def _cause(error: BaseException) -> str:
-    """The innermost cause of `error` (libraries wrap theirs) as `Type: first line`, at most 200 characters."""
-    while error.__cause__ is not None:
-        error = error.__cause__
-    text = (str(error).strip().splitlines() or [""])[0]
-    return f"{type(error).__name__}: {text}"[:200] if text else type(error).__name__
-
-
-def check_inputs(args: argparse.Namespace) -> None:
-    """The checks `select` makes before it reads a row or loads a model: `--max-length` and `--batch-size` >= 1, a
-    `--model` folder with `config.json` and tokenizer files, and an `--output` folder that is not a file nor an input,
-    is empty unless `--overwrite`, and can be written (it is created here, and a temporary file in it).
-
-    Raises:
-        InputError: naming the option and what is wrong with it.
-    """
-    for name in ("max_length", "batch_size"):
-        value = getattr(args, name)
-        if value < 1:
-            raise InputError(f"`--{name.replace('_', '-')}` must be >= 1, got {value}.")
-    if not os.path.exists(args.model):
-        raise InputError(f"`--model` {args.model!r} does not exist: give a local folder saved with "
-                         f"`model.save_pretrained(folder)`.")
-    if not os.path.isdir(args.model):
-        raise InputError(f"`--model` must be a model folder, got {args.model!r}.")
-    if not os.path.isfile(os.path.join(args.model, "config.json")):
-        raise InputError(f"`--model` {args.model!r} has no config.json: save the model there with "
-                         f"`model.save_pretrained(folder)`.")
-    if not any(os.path.isfile(os.path.join(args.model, name)) for name in TOKENIZER_FILES):
-        raise InputError(f"`--model` {args.model!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save it "
-                         f"there with `tokenizer.save_pretrained(folder)`.")
-    _check_causal_lm(args.model)
-    output = args.output
-    if os.path.exists(output) and not os.path.isdir(output):
-        raise InputError(f"`--output` {output!r} is a file, not a folder.")
-    if os.path.realpath(output) in (os.path.realpath(args.model), os.path.realpath(args.dataset)):
-        raise InputError(f"`--output` {output!r} is an input of the command: choose another folder.")
-    try:
-        if os.path.isdir(output) and os.listdir(output) and not getattr(args, "overwrite", False):
-            raise InputError(f"`--output` {output!r} is not empty: pass `--overwrite` to write into it (files of the "
-                             f"same name are replaced) or choose a new folder.")
-        os.makedirs(output, exist_ok=True)
-        with tempfile.TemporaryFile(dir=output):
-            pass
-    except OSError as error:
-        raise InputError(f"`--output` {output!r} cannot be written ({_cause(error)}).") from None
-
-
-OUTPUT_COLUMNS = ("cluster_id", "raw_cluster_id", "weight", "kept")  # what `run_select` adds to the user's rows
-
-
-def _check_causal_lm(model: str) -> None:
-    """An `InputError` if the folder's config names architectures and none is a causal language model (a saved
-    `BertForSequenceClassification` would load as a causal LM with a new, untrained head and select silently)."""
-    from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    try:
-        architectures = AutoConfig.from_pretrained(model).architectures or []
-    except Exception as error:
-        raise InputError(f"`--model` {model!r}: its config.json does not load ({_cause(error)}).") from error
-    if architectures and not set(architectures) & set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()):
-        raise InputError(f"`--model` {model!r} is a {', '.join(architectures)}, not a causal language model: `select` "
-                         f"takes causal LMs only (use `ClusterTrainer` for a classification head).")
-
-
-@contextlib.contextmanager
-def _quiet_datasets():
-    """No `datasets` log lines nor progress bars while a data file loads: a failure is reported once, by `select`."""
-    import datasets
-
-    verbosity, bars = datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled()
-    datasets.logging.set_verbosity(datasets.logging.CRITICAL + 1)
-    datasets.disable_progress_bars()
-    try:
-        yield
-    finally:
-        datasets.logging.set_verbosity(verbosity)
-        if bars:
-            datasets.enable_progress_bars()
-
-
-def load_rows(path: str, split: str, option: str = "--dataset"):
-    """A `datasets.Dataset` from a data file (.json/.jsonl/.csv/.parquet) or a `save_to_disk` folder.
-
-    Raises:
-        InputError (naming `option`): if the path does not exist, has another extension, is empty, cannot be read (not a `save_to_disk`
-            folder, corrupt JSON, CSV or Parquet), holds no rows, or has no split `split` (a data file and a
-            `Dataset` folder have the one split "train").
-    """
-    import datasets
-
-    kind = DATA_KINDS.get(os.path.splitext(path)[1].lower())
-    if not os.path.exists(path):
-        raise InputError(f"`{option}` {path!r} does not exist.")
-    if not os.path.isdir(path) and (not os.path.isfile(path) or kind is None):
-        raise InputError(f"`{option}` must be a {sorted(DATA_KINDS)} file or a save_to_disk folder, got {path!r}.")
-    if os.path.isfile(path) and os.path.getsize(path) == 0:
-        raise InputError(f"`{option}` {path!r} is an empty file.")
-    try:
-        with _quiet_datasets():
-            if os.path.isdir(path):
-                loaded = datasets.load_from_disk(path)
-            else:
-                loaded = datasets.load_dataset(kind, data_files=path, split="train")
-    except Exception as error:  # the library's own errors, wrapped differently per format: its innermost cause
-        if "corresponds to no data" in str(error):  # datasets' words for a file without rows
-            raise InputError(f"`{option}` {path!r} holds no rows.") from error
-        what = "a folder saved with `datasets.save_to_disk`" if os.path.isdir(path) else f"{kind} data"
-        raise InputError(f"`{option}` {path!r} cannot be read as {what} ({_cause(error)}).") from error
-    if isinstance(loaded, datasets.DatasetDict):
-        if split not in loaded:
-            raise InputError(f"`--split {split}` is not in {path!r} (splits: {sorted(loaded)}).")
-        loaded = loaded[split]
-    elif split != "train":
-        raise InputError(f"`--split {split}` is not in {path!r}: it has the one split 'train' (`--split` chooses "
-                         f"a split of a DatasetDict folder).")
-    if len(loaded) == 0:
-        raise InputError(f"`{option}` {path!r} holds no rows" + (f" in split {split!r}." if split != "train" else "."))
-    return loaded
-
-
-def _strata(rows, column: str | None) -> list | None:
-    """The `--stratify-column` value of every row (`None` without one).
-
-    Raises:
-        InputError: if the dataset has no such column.
-    """
-    if column is None:
-        return None
-    if column not in rows.column_names:
-        raise InputError(f"`--stratify-column` {column!r} is not a column of the dataset (columns: "
-                         f"{rows.column_names}).")
-    return list(rows[column])
-
-
-def _text(row: dict, column: str, option: str, index: int) -> str:
-    """`row[column]` if it is a string; else an `InputError` naming the option, the column and the row (a null reply
-    or a number would otherwise be trained on as the text "None" or "3")."""
-    value = row[column]
-    if not isinstance(value, str):
-        raise InputError(f"`{option}` {column!r} must hold text, got {type(value).__name__} {value!r} in row {index}.")
-    return value
-
-
-def _last_reply(row: dict, column: str, index: int) -> tuple[list, str]:
-    """`(messages, last message's content)` of `row[column]`; an `InputError` naming --messages-column, the column and
-    the row unless it is a non-empty list of messages whose last has a string "content"."""
-    messages = row[column]
-    last = messages[-1] if isinstance(messages, list) and messages else None
-    if not isinstance(last, dict) or not isinstance(last.get("content"), str):
-        raise InputError(f"`--messages-column` {column!r} must hold a non-empty list of messages whose last has text "
-                         f"\"content\", got {messages!r} in row {index}.")
-    return messages, last["content"]
-
-
-def tokenize(rows, tokenizer, args: argparse.Namespace) -> tuple[list[dict], list[str]]:
-    """Tokenized examples (`input_ids`, `attention_mask`, `labels`, -100 where no loss) and a text per example.
-
-    Raises:
-        InputError: unless exactly one of --text-column, --prompt-column + --completion-column, --messages-column
-            is given and names a column of the dataset; if a text, prompt or completion value is not a string, or a
-            messages value is not a non-empty list whose last message has string "content".
-    """
-    modes = [m for m in ("text", "prompt", "messages") if getattr(args, f"{m}_column")]
-    if len(modes) != 1 or (args.prompt_column is None) != (args.completion_column is None):
-        raise InputError("give exactly one of --text-column, --prompt-column with --completion-column, or "
-                         "--messages-column.")
-    missing = [f"`--{m.replace('_', '-')}` {getattr(args, m)!r}" for m in
-               ("text_column", "prompt_column", "completion_column", "messages_column")
-               if getattr(args, m) and getattr(args, m) not in rows.column_names]
-    if missing:
-        raise InputError(f"{', '.join(missing)} not a column of the dataset (columns: {rows.column_names}).")
-    examples, texts = [], []
-    for index, row in enumerate(rows):
-        if args.text_column:
-            prompt, answer = "", _text(row, args.text_column, "--text-column", index)
-        elif args.prompt_column:
-            prompt = _text(row, args.prompt_column, "--prompt-column", index)
-            answer = _text(row, args.completion_column, "--completion-column", index)
-        else:
-            messages, answer = _last_reply(row, args.messages_column, index)
-            prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
-        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"] if prompt else []
-        answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
-        if tokenizer.eos_token_id is not None:
-            answer_ids = answer_ids + [tokenizer.eos_token_id]
-        answer_ids = answer_ids[: args.max_length]
-        prompt_ids = prompt_ids[max(0, len(prompt_ids) - (args.max_length - len(answer_ids))):]
-        ids = prompt_ids + answer_ids
-        examples.append({"input_ids": ids, "attention_mask": [1] * len(ids),
-                         "labels": [IGNORE_INDEX] * len(prompt_ids) + answer_ids})
-        texts.append((prompt + " " + answer).strip())
-    return examples, texts
-
+__all__ = ["InputError", "run_select", "tokenize"]
 
 def inspection(result, weights, kept, lengths, losses, texts, examples: int = 3,
                relevance: dict | None = None) -> list[dict]:
@@ -288,7 +84,7 @@ def _target_set(args: argparse.Namespace, config: ClusterSelectConfig, tokenizer
         check_budget(config, n_examples, names.size)
     except ValueError as error:
         raise InputError(str(error)) from None
-    examples, _ = tokenize(rows, tokenizer, args)
+    examples, _ = tokenize(rows, tokenizer, args, where="--target")
     lengths = np.asarray([len(e["input_ids"]) for e in examples])
     return TargetSet(dataset=examples, lengths=tuple(int(n) for n in lengths), tasks=tasks.reshape(-1).astype(np.int64),
                      task_names=tuple(str(n) for n in names), source=args.target,
@@ -322,11 +118,11 @@ def run_select(args: argparse.Namespace, config: ClusterSelectConfig) -> dict[st
     if taken:
         raise InputError(f"`--dataset` {args.dataset!r} already has the column(s) {taken} that `select` writes: rename "
                          f"or remove them (a previous selection's `dataset/`: `remove_columns({list(OUTPUT_COLUMNS)})`).")
-    strata = _strata(rows, config.stratify_column)
+    strata = strata_values(rows, config.stratify_column)
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
     except Exception as error:  # e.g. a tokenizer.model that needs sentencepiece
-        raise InputError(f"`--model` {args.model!r}: its tokenizer does not load ({_cause(error)}).") from error
+        raise InputError(f"`--model` {args.model!r}: its tokenizer does not load ({error_cause(error)}).") from error
     examples, texts = tokenize(rows, tokenizer, args)  # bad columns fail before the model loads
     target = _target_set(args, config, tokenizer, len(examples))
     print(f"[1/4] data: {len(examples)} examples from {args.dataset}"

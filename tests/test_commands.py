@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -134,11 +135,18 @@ def test_bad_columns_paths_and_values_are_one_line_errors(tmp_path, model_folder
     assert main(["select", "--model", model_folder, "--dataset", str(tmp_path / "no.jsonl"), "--text-column", "a",
                  "--output", str(tmp_path / "x")]) == 2
     assert "no.jsonl' does not exist" in capsys.readouterr().err
-    for option, value, expected in (("--data-fraction", "abc", "data_fraction"), ("--feature-cache", "maybe",
+    for option, value, expected in (("--data-fraction", "abc", "`--data-fraction`"), ("--data-fraction", "0",
+                                    "`--data-fraction` must be in (0, 1], got 0.0"), ("--feature-cache", "maybe",
                                     "`--feature-cache` must be true, false (also yes/no, 1/0), got")):
         assert main(base + ["--text-column", "a", option, value]) == 2  # the config's message, one line
         err = capsys.readouterr().err
         assert err.startswith("hf-cluster-select select: error:") and expected in err and err.count("\n") == 1
+    for option, value in (("--max-length", "ten"), ("--order", "random"), ("--frobnicate", "3")):  # argparse's
+        with pytest.raises(SystemExit, match="2"):
+            main(base + ["--text-column", "a", option, value])
+        err = capsys.readouterr().err
+        assert err.startswith("hf-cluster-select") and ": error: " in err and err.count("\n") == 1, err
+        assert "lists the options" in err and (option in err or value in err), err
     with pytest.raises(ValueError, match="holds no selection_report.json"):
         format_report(str(tmp_path))
     with pytest.raises(ValueError, match="nothere' does not exist"):
@@ -224,6 +232,13 @@ def _bad_inputs(tmp: "os.PathLike", model_folder: str, data_file: str) -> dict[s
         return os.path.join(tmp, name)
 
     config_json = open(os.path.join(model_folder, "config.json")).read()
+    from transformers import AutoTokenizer
+
+    chat = os.path.join(tmp, "chat_model")  # the model with a chat template, for the --messages-column cases
+    shutil.copytree(model_folder, chat)
+    tokenizer = AutoTokenizer.from_pretrained(chat)
+    tokenizer.chat_template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} {% endfor %}"
+    tokenizer.save_pretrained(chat)
     datasets.DatasetDict({"validation": datasets.Dataset.from_dict({"q": ["a"], "a": ["b"]})}).save_to_disk(
         os.path.join(tmp, "dict"))
     return {
@@ -247,16 +262,17 @@ def _bad_inputs(tmp: "os.PathLike", model_folder: str, data_file: str) -> dict[s
         "model without tokenizer": (["--model", folder("no_tokenizer", **{"config.json": config_json})],
                                     "has no tokenizer (none of tokenizer.json"),
         "tokenizer that does not load": (["--model", folder("bad_tokenizer", **{"config.json": config_json,
-                                                                                "tokenizer.json": "{"})],
+                                                                                "tokenizer.json": "{",
+                                                                                "model.safetensors": ""})],
                                          "its tokenizer does not load"),
         "output a file": (["--output", write("out.txt", "")], "out.txt' is a file, not a folder"),
         "output not writable": (["--output", os.path.join(write("blocker", ""), "sel")], "cannot be written ("),
         "output not empty": (["--output", folder("used", **{"README.md": "mine"})],
                              "is not empty: pass `--overwrite`"),
-        "output is the model": (["--output", model_folder, "--overwrite"], "is an input of the command"),
+        "output is the model": (["--output", model_folder, "--overwrite"], "is or holds an input of the command"),
         "max length 0": (["--max-length", "0"], "`--max-length` must be >= 1, got 0"),
         "batch size 0": (["--batch-size", "0"], "`--batch-size` must be >= 1, got 0"),
-        "seed below 0": (["--selection-seed", "-1"], "`selection_seed` must be in [0, 2**32 - 1], got -1"),
+        "seed below 0": (["--selection-seed", "-1"], "`--selection-seed` must be in [0, 2**32 - 1], got -1"),
         "stratify column missing": (["--stratify-column", "topic"], "`--stratify-column` 'topic' is not a column"),
         "loss column missing": (["--prompt-column", "question"], "`--prompt-column` 'question' not a column of the dataset (columns: ['q', 'a', 'id'])"),
         "null completion": (["--dataset", write("null.jsonl", '{"q": "a", "a": "b"}\n{"q": "c", "a": null}\n')],
@@ -267,15 +283,35 @@ def _bad_inputs(tmp: "os.PathLike", model_folder: str, data_file: str) -> dict[s
                                 "taken.jsonl' already has the column(s) ['kept'] that `select` writes"),
         "not a causal LM": (["--model", folder("classifier", **{
             "config.json": json.dumps({**json.loads(config_json), "architectures": ["BertForSequenceClassification"]}),
-            "tokenizer.json": open(os.path.join(model_folder, "tokenizer.json")).read()})],
+            "tokenizer.json": open(os.path.join(model_folder, "tokenizer.json")).read(), "model.safetensors": ""})],
             "is a BertForSequenceClassification, not a causal language model"),
-        "null last message": (["--messages-column", "m", "--dataset", write("null_message.jsonl", json.dumps(
+        "model without weights": (["--model", folder("no_weights", **{
+            "config.json": config_json, "tokenizer.json": open(os.path.join(model_folder, "tokenizer.json")).read()})],
+            "no_weights' has no weights (no *.safetensors or pytorch_model*.bin)"),
+        "output holds the dataset": (["--dataset", os.path.join(folder("parent", **{"data.jsonl": '{"q": "a", "a": "b"}'}),
+                                                                "data.jsonl"), "--output",
+                                      os.path.join(tmp, "parent"), "--overwrite"], "is or holds an input of the command"),
+        "null stratum": (["--stratify-column", "g", "--dataset", write("strata.jsonl", '{"q": "a", "a": "b", "g": "x"}\n'
+                                                                     '{"q": "c", "a": "d", "g": null}\n')],
+                         "`--stratify-column` 'g' has no value in row 1"),
+        "null in the target": (["--target", write("target.jsonl", '{"q": "a", "a": "b"}\n{"q": "c", "a": null}\n')],
+                               "`--completion-column` 'a' must hold text, got NoneType None in row 1 of `--target`"),
+        "no chat template": (["--messages-column", "m", "--model", model_folder, "--dataset", write(
+            "chat.jsonl", json.dumps({"m": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}))],
+                             "`--messages-column` needs a tokenizer with a chat template"),
+        "null last message": (["--messages-column", "m", "--model", chat, "--dataset", write("null_message.jsonl", json.dumps(
             {"m": [{"role": "user", "content": "a"}, {"role": "assistant", "content": None}]}) + "\n")],
-            "`--messages-column` 'm' must hold a non-empty list of messages whose last has text \"content\", got "
-            "[{'role': 'user', 'content': 'a'}, {'role': 'assistant', 'content': None}] in row 0"),
-        "no messages": (["--messages-column", "m", "--dataset", write("no_messages.jsonl", '{"m": []}\n')],
-                        "`--messages-column` 'm' must hold a non-empty list of messages whose last has text "
-                        "\"content\", got [] in row 0"),
+            "`--messages-column` 'm' must hold a non-empty list of messages, each a dict with text \"content\", the "
+            "last the reply (not a user or system turn), got [{'role': 'user', 'content': 'a'}, {'role': "
+            "'assistant', 'content': None}] in row 0"),
+        "no messages": (["--messages-column", "m", "--model", chat, "--dataset", write("no_messages.jsonl", '{"m": []}\n')],
+                        "must hold a non-empty list of messages, each a dict with text \"content\", the last the "
+                        "reply (not a user or system turn), got [] in row 0"),
+        "null first message": (["--messages-column", "m", "--model", chat, "--dataset", write("null_first.jsonl", json.dumps(
+            {"m": [{"role": "user", "content": None}, {"role": "assistant", "content": "b"}]}) + "\n")],
+            "got [{'role': 'user', 'content': None}, {'role': 'assistant', 'content': 'b'}] in row 0"),
+        "last message a user turn": (["--messages-column", "m", "--model", chat, "--dataset", write("user_last.jsonl", json.dumps(
+            {"m": [{"role": "user", "content": "a"}]}) + "\n")], "the last the reply (not a user or system turn)"),
     }
 
 
@@ -285,7 +321,9 @@ BAD_CASES = ["dataset missing", "folder not a dataset", "unknown extension", "em
              "tokenizer that does not load", "output a file", "output not writable", "output not empty",
              "output is the model", "max length 0", "batch size 0", "seed below 0", "stratify column missing",
              "loss column missing", "model missing", "null completion", "numeric prompt", "output column taken",
-             "not a causal LM", "null last message", "no messages"]
+             "not a causal LM", "null last message", "no messages", "model without weights",
+             "output holds the dataset", "null stratum", "null in the target", "null first message",
+             "last message a user turn", "no chat template"]
 
 
 @pytest.mark.parametrize("case", BAD_CASES)

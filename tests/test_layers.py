@@ -16,7 +16,7 @@ LAYERS = {  # module (dotted, relative to the package) or sub-package prefix →
     "validation": 2, "data": 2, "weighting": 2, "feature_cache": 2, "collate": 2, "saved_selection": 2,
     "pipeline": 3, "run": 3,
     "integrations": 4,
-    "__init__": 5, "__main__": 5, "cli": 5, "commands": 5, "commands_select": 5, "demo": 5,
+    "__init__": 5, "__main__": 5, "cli": 5, "commands": 5, "commands_select": 5, "commands_report": 5, "select_inputs": 5, "demo": 5,
 }
 
 
