@@ -19,7 +19,7 @@ from .config import ClusterSelectConfig
 from .select_inputs import (OUTPUT_COLUMNS, InputError, check_inputs, error_cause, load_rows, strata_values,
                             tokenize)
 
-__all__ = ["InputError", "run_select", "tokenize"]
+__all__ = ["InputError", "run_select"]
 
 def inspection(result, weights, kept, lengths, losses, texts, examples: int = 3,
                relevance: dict | None = None) -> list[dict]:

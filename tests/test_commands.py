@@ -490,7 +490,7 @@ def test_messages_column_puts_the_loss_on_the_last_reply_only(model_folder):
     import datasets
     from transformers import AutoTokenizer
 
-    from hf_cluster_select.commands_select import tokenize
+    from hf_cluster_select.select_inputs import tokenize
 
     tokenizer = AutoTokenizer.from_pretrained(model_folder)
     tokenizer.chat_template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} {% endfor %}"

@@ -213,7 +213,7 @@ def test_no_local_base_model_in_any_saved_card(tmp_path, tokenizer, _tiny_lm_bas
 def test_suspected_noise_row_and_report_line_give_the_count_and_share(count, params, phrase):
     """The noise filter's count and the share it deferred, as given, as a classification head's estimate set it, or
     as a language model's reading turned it off or on, in the card and in `hf-cluster-select report`'s lines."""
-    from hf_cluster_select.commands import _noise_lines
+    from hf_cluster_select.commands_report import _noise_lines
 
     report = make_report(n_suspected_noise=count, clustering_params=params)
     assert f"| Suspected noise | {count:,} | deferred: the {phrase} of each cluster" in selection_card_section(report)
@@ -223,7 +223,7 @@ def test_suspected_noise_row_and_report_line_give_the_count_and_share(count, par
 
 def test_no_suspected_noise_row_or_line_when_the_filter_did_not_run():
     """No "Suspected noise" row or report line without `n_suspected_noise` (the filter did not run)."""
-    from hf_cluster_select.commands import _noise_lines
+    from hf_cluster_select.commands_report import _noise_lines
 
     off = make_report()
     assert "Suspected noise" not in selection_card_section(off) and _noise_lines(off.to_dict()) == []
