@@ -149,23 +149,6 @@ def has_replies(dataset: Any) -> bool:
     return reply_rows(dataset) is not None
 
 
-def class_labels(dataset: Any) -> np.ndarray | None:
-    """Every example's class id where the examples hold one (a `labels` or `label` column of scalars, the input of a
-    classification head; `labels` first, as `DataCollatorWithPadding` renames `label` to it), else `None` (token
-    labels of a language model, float targets of a regression, no label).
-
-    Args:
-        dataset (map-style dataset of `dict`): tokenized examples.
-    Returns:
-        int64 array `[n_examples]`, or `None`.
-    """
-    key = next((k for k in ("labels", "label") if has_token_column(dataset, k)), None)
-    if key is None or np.ndim(dataset[0][key]) != 0:
-        return None
-    values = np.asarray(token_rows(dataset, key))
-    return values.astype(np.int64) if values.ndim == 1 and np.issubdtype(values.dtype, np.integer) else None
-
-
 def reply_rows(dataset: Any, batch_rows: int = 4096) -> list | None:
     """Each example's reply, the token ids that carry its loss, where the dataset says which: the entries of a
     token `labels` column other than `IGNORE_INDEX`, else the `input_ids` where TRL's `completion_mask` or

@@ -19,7 +19,7 @@ from . import distributed
 from ._types import NO_LOSS_LABEL, ClusteringResult, RunFacts, Selection, TargetSet
 from .clock import PhaseClock
 from .config import ClusterSelectConfig
-from .data import class_labels, has_replies, has_token_column, reply_rows, token_rows
+from .data import has_replies, has_token_column, reply_rows, token_rows
 from .feature_cache import FeatureCache
 from .features import FEATURES
 from .features.head_tokens import token_level_head
@@ -227,9 +227,9 @@ def with_resolved_settings(result: ClusteringResult, config: ClusterSelectConfig
 
 
 def _token_groups(dataset: Any, config: ClusterSelectConfig, clock: PhaseClock) -> np.ndarray | None:
-    """Near-duplicate group `[n]` of every example by its `input_ids`, class id (`data.class_labels`) and reply where
-    known (`data.reply_rows`), on rank 0 (`None` on other ranks, when `near_duplicate_threshold` is unset, or when
-    the examples have no `input_ids`), timed as the `near_duplicates` phase."""
+    """Near-duplicate group of every example by its `input_ids` and, where the dataset says which tokens carry the
+    loss (`data.reply_rows`), its reply `[n]` on rank 0 (`None` on other ranks, when `near_duplicate_threshold` is
+    unset, or when the examples have no `input_ids`), timed as the `near_duplicates` phase."""
     threshold = config.selection_settings.near_duplicate_threshold
     if threshold is None or not has_token_column(dataset):
         return None
@@ -237,7 +237,7 @@ def _token_groups(dataset: Any, config: ClusterSelectConfig, clock: PhaseClock) 
     groups = None
     if distributed.rank() == 0:
         groups = near_duplicate_groups(token_rows(dataset), threshold, reply_rows=reply_rows(dataset),
-                                       labels=class_labels(dataset), seed=config.selection_seed)[0]
+                                       seed=config.selection_seed)[0]
     clock.stop("near_duplicates")
     return groups
 

@@ -159,8 +159,8 @@ class SelectionSettings:
         near_duplicate_threshold (`float`, `None` or `"auto"`, defaults to `"auto"`): also merge examples whose
             token 3-grams have a Jaccard similarity of at least this with their group's first, in (0, 1], into
             duplicate groups (`selection/near_duplicates.py`: MinHash + LSH over `input_ids`, pairs verified
-            exactly; where the examples say which tokens carry the loss, their replies must be near copies too, where
-            they hold a class id (`labels` / `label`), the same id; skipped without `input_ids`); `None` = only rows with identical features are merged. `"auto"`
+            exactly; where the examples say which tokens carry the loss, their replies must be near copies too;
+            skipped without `input_ids`); `None` = only rows with identical features are merged. `"auto"`
             (`resolve_duplicates`) = `AUTO_NEAR_DUPLICATE_THRESHOLD` (0.7) for a model with a classification head
             and for a language model whose examples give their replies (a prompt masked before them: token `labels`
             or TRL's `completion_mask` / `assistant_masks`, `data.has_replies`); `None` for other language-model rows

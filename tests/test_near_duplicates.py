@@ -154,33 +154,6 @@ def test_union_joins_a_row_to_both_of_its_groups():
         union_groups([0, 1], [0, 1, 2])
 
 
-def test_a_copy_with_another_class_label_is_not_a_copy():
-    """With `labels`, a relabelled exact copy stays apart (the noise filter judges it) while a same-label near copy
-    still joins; the pipeline passes a classification dataset's labels, `labels` or `label`, not token labels."""
-    from datasets import Dataset
-
-    from hf_cluster_select.clock import PhaseClock
-    from hf_cluster_select.data import class_labels
-    from hf_cluster_select.pipeline import _token_groups
-
-    rows = [BASE, UNRELATED, BASE, ONE_CHANGED]
-    assert near_duplicate_groups(rows, 0.7)[0].tolist() == [0, 1, 0, 0]
-    assert near_duplicate_groups(rows, 0.7, labels=[0, 1, 1, 0])[0].tolist() == [0, 1, 2, 0]
-    assert near_duplicate_groups(rows, 0.7, labels=np.array([5, 5, 5, 6]))[0].tolist() == [0, 1, 0, 2]
-    with pytest.raises(ValueError, match=r"`labels` must hold one entry per row of `token_rows` \(4\), got 3"):
-        near_duplicate_groups(rows, 0.7, labels=[0, 1, 1])
-    config = ClusterSelectConfig(data_fraction=0.5, strategy_kwargs={"near_duplicate_threshold": 0.7})
-    for key in ("labels", "label"):
-        data = Dataset.from_dict({"input_ids": rows, key: [0, 1, 1, 0]})
-        assert class_labels(data).tolist() == [0, 1, 1, 0]
-        assert _token_groups(data, config, PhaseClock()).tolist() == [0, 1, 2, 0]
-        listed = [{"input_ids": r, key: y} for r, y in zip(rows, [0, 1, 1, 0])]
-        assert _token_groups(listed, config, PhaseClock()).tolist() == [0, 1, 2, 0]
-    assert class_labels(Dataset.from_dict({"input_ids": rows, "labels": rows})) is None  # a language model's
-    assert class_labels(Dataset.from_dict({"input_ids": rows, "labels": [0.5, 1.0, 1.5, 2.0]})) is None  # regression
-    assert class_labels([{"input_ids": r} for r in rows]) is None
-
-
 def test_the_pipeline_joins_token_groups_into_the_clustering_result():
     from hf_cluster_select.pipeline import with_near_duplicates
 
@@ -616,7 +589,7 @@ def test_replies_keep_the_rows_of_one_task_apart():
     assert inverse[200] == inverse[45] == 45 and counts.size == 200
     one_token = [[task // 20 + 1] for task in range(200)]
     assert near_duplicate_groups(rows, 0.85, reply_rows=one_token)[2].tolist() == [20] * 10
-    with pytest.raises(ValueError, match="`reply_rows` must hold one entry per row"):
+    with pytest.raises(ValueError, match="`reply_rows` must hold one reply per row"):
         near_duplicate_groups(rows, 0.85, reply_rows=replies[:3])
 
 

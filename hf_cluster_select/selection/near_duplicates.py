@@ -314,7 +314,7 @@ def _reply_sets(reply_rows: Sequence[Any], shingle: int) -> tuple[np.ndarray, np
 
 
 def near_duplicate_groups(token_rows: Sequence[Any], threshold: float, *, reply_rows: Sequence[Any] | None = None,
-                          labels: Any = None, shingle: int = SHINGLE, n_hashes: int = N_HASHES,
+                          shingle: int = SHINGLE, n_hashes: int = N_HASHES,
                           seed: int = ClusterSelectConfig.selection_seed,
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Group examples whose token shingles have a Jaccard similarity of at least `threshold` with their group's first.
@@ -332,9 +332,6 @@ def near_duplicate_groups(token_rows: Sequence[Any], threshold: float, *, reply_
             template rule) are at Jaccard at least `threshold`: rows of one SFT task that share a long instruction
             and differ in their inputs and replies are then not copies. Rows that differ only in their prompts and
             share a short reply (a class name) are still compared by their prompts alone.
-        labels (int array-like `[n]`, *optional*): each example's class id (`data.class_labels`). Given, examples
-            with different labels are never one group: a relabelled copy stays apart, for the noise filter to judge,
-            instead of joining its original's group (whose lowest-index copy stands for all).
         shingle (`int`, *optional*, defaults to `3`): tokens per shingle (contiguous n-gram), >= 1.
         n_hashes (`int`, *optional*, defaults to `64`): MinHash values per example, >= 1.
         seed (`int`, *optional*, defaults to `ClusterSelectConfig.selection_seed`): seed of the hash functions; the
@@ -346,12 +343,11 @@ def near_duplicate_groups(token_rows: Sequence[Any], threshold: float, *, reply_
         conventions of `duplicates.duplicate_groups`).
     Raises:
         ValueError: if `threshold` is outside (0, 1], `shingle` or `n_hashes` is not an int >= 1, a row or reply is
-            not a 1-D sequence of integers, or `reply_rows` or `labels` has another length than `token_rows`.
+            not a 1-D sequence of integers, or `reply_rows` has another length than `token_rows`.
     """
-    for name, values in (("reply_rows", reply_rows), ("labels", labels)):
-        if values is not None and len(values) != len(token_rows):
-            raise ValueError(f"`{name}` must hold one entry per row of `token_rows` ({len(token_rows)}), got "
-                             f"{len(values)}.")
+    if reply_rows is not None and len(reply_rows) != len(token_rows):
+        raise ValueError(f"`reply_rows` must hold one reply per row of `token_rows` ({len(token_rows)}), got "
+                         f"{len(reply_rows)}.")
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.integer, np.floating)) \
             or not 0.0 < threshold <= 1.0:
         raise ValueError(f"`threshold` must be a float in (0, 1], got {threshold!r}.")
@@ -370,8 +366,6 @@ def near_duplicate_groups(token_rows: Sequence[Any], threshold: float, *, reply_
         pairs = np.unique(np.concatenate([pairs, _candidate_pairs(signatures, *bands, salt=salt)]), axis=0)
         pairs = pairs[_exact_jaccard(pairs, *replies) >= least]
     pairs = pairs[_exact_jaccard(pairs, *content) >= least]
-    if labels is not None:  # a copy with another label is no copy
-        pairs = pairs[np.equal(*np.asarray(labels).reshape(-1)[pairs.T])]
     return _leader_groups(n, pairs[_exact_jaccard(pairs, *every) >= least])
 
 
