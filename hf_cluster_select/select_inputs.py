@@ -62,8 +62,9 @@ def check_inputs(args: argparse.Namespace) -> None:
     output = args.output
     if os.path.exists(output) and not os.path.isdir(output):
         raise InputError(f"`--output` {output!r} is a file, not a folder.")
+    folder = os.path.realpath(output)
     inputs = [os.path.realpath(p) for p in (args.model, args.dataset, getattr(args, "target", None)) if p]
-    if any(p == os.path.realpath(output) or p.startswith(os.path.join(os.path.realpath(output), "")) for p in inputs):
+    if any(p == folder or p.startswith(os.path.join(folder, "")) for p in inputs):
         raise InputError(f"`--output` {output!r} is or holds an input of the command: choose another folder.")
     try:
         if os.path.isdir(output) and os.listdir(output) and not getattr(args, "overwrite", False):

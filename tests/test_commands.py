@@ -24,6 +24,22 @@ def model_folder(tmp_path_factory, tokenizer, _tiny_lm_base):
     return str(folder)
 
 
+CHAT_TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} {% endfor %}"
+
+
+@pytest.fixture(scope="module")
+def chat_model_folder(tmp_path_factory, model_folder):
+    """The tiny model with a chat template, for the --messages-column cases."""
+    from transformers import AutoTokenizer
+
+    folder = str(tmp_path_factory.mktemp("chat_model"))
+    shutil.copytree(model_folder, folder, dirs_exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory):
     import tiny_assets
@@ -214,7 +230,7 @@ def test_report_into_a_closed_pipe_ends_quietly(tmp_path):
     assert "Traceback" not in completed.stderr and "BrokenPipeError" not in completed.stderr
 
 
-def _bad_inputs(tmp: "os.PathLike", model_folder: str, data_file: str) -> dict[str, tuple[list[str], str]]:
+def _bad_inputs(tmp: "os.PathLike", model_folder: str, data_file: str, chat: str) -> dict[str, tuple[list[str], str]]:
     """Case → (the options that differ from a good `select` call, a part of its one-line error)."""
     import datasets
 
@@ -232,13 +248,6 @@ def _bad_inputs(tmp: "os.PathLike", model_folder: str, data_file: str) -> dict[s
         return os.path.join(tmp, name)
 
     config_json = open(os.path.join(model_folder, "config.json")).read()
-    from transformers import AutoTokenizer
-
-    chat = os.path.join(tmp, "chat_model")  # the model with a chat template, for the --messages-column cases
-    shutil.copytree(model_folder, chat)
-    tokenizer = AutoTokenizer.from_pretrained(chat)
-    tokenizer.chat_template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} {% endfor %}"
-    tokenizer.save_pretrained(chat)
     datasets.DatasetDict({"validation": datasets.Dataset.from_dict({"q": ["a"], "a": ["b"]})}).save_to_disk(
         os.path.join(tmp, "dict"))
     return {
@@ -328,14 +337,14 @@ BAD_CASES = ["dataset missing", "folder not a dataset", "unknown extension", "em
 
 @pytest.mark.parametrize("case", BAD_CASES)
 def test_a_bad_input_is_one_line_and_exit_2_before_the_model_loads(case, tmp_path, model_folder, data_file,
-                                                                    monkeypatch, capsys):
+                                                                    chat_model_folder, monkeypatch, capsys):
     import transformers
 
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_model)
-    changes, expected = _bad_inputs(tmp_path, model_folder, data_file)[case]
+    changes, expected = _bad_inputs(tmp_path, model_folder, data_file, chat_model_folder)[case]
     capsys.readouterr()  # what building the inputs printed
     options = {"--model": model_folder, "--dataset": data_file, "--prompt-column": "q", "--completion-column": "a",
                "--output": str(tmp_path / "sel")}
@@ -493,7 +502,7 @@ def test_messages_column_puts_the_loss_on_the_last_reply_only(model_folder):
     from hf_cluster_select.select_inputs import tokenize
 
     tokenizer = AutoTokenizer.from_pretrained(model_folder)
-    tokenizer.chat_template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} {% endfor %}"
+    tokenizer.chat_template = CHAT_TEMPLATE
     rows = datasets.Dataset.from_list([{"m": [{"role": "user", "content": "the cat"},
                                               {"role": "assistant", "content": "sat down"}]}])
     args = argparse.Namespace(text_column=None, prompt_column=None, completion_column=None, messages_column="m",
